@@ -1,0 +1,112 @@
+"""Device profiles and the alpha-beta link model: how long modelled work takes.
+
+A simulated device (`device="sim"`) does real math on the CPU but takes its *time* from a
+profile: a compute op lasts max(flops / peak FLOP/s, bytes / memory bandwidth) (the roofline,
+Williams et al. 2009), a message lasts alpha + bytes / beta (Hockney 1994). The presets hold
+published figures; `toy-gpu`, the default, is a small round-numbered GPU whose ratios of compute
+to memory to link are those of a real accelerator, sized so the book's tiny models take
+milliseconds.
+
+Introduced in chapter 04; the alpha-beta model is fitted to measurements in chapter 05.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+
+@dataclass(frozen=True)
+class Link:
+    """A point-to-point link: a message of n bytes takes alpha + n / beta seconds."""
+
+    name: str
+    alpha: float  # latency, seconds
+    beta: float   # bandwidth, bytes per second (one direction)
+
+    def time(self, nbytes: int) -> float:
+        return self.alpha + nbytes / self.beta
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What a simulated GPU can do. Figures are peak, per direction, dense."""
+
+    name: str
+    flops: float          # peak FLOP/s for the dtype the book trains in
+    mem_bandwidth: float  # bytes per second to device memory
+    memory: int           # capacity in bytes
+    link: Link            # link to the neighbouring device
+    source: str = ""
+
+    @property
+    def ridge_point(self) -> float:
+        """Arithmetic intensity (FLOP/byte) where compute and memory time are equal."""
+        return self.flops / self.mem_bandwidth
+
+    def compute_time(self, flops: float = 0.0, nbytes: float = 0.0) -> float:
+        """Roofline time of an op doing `flops` FLOPs over `nbytes` bytes of memory traffic."""
+        if flops < 0 or nbytes < 0:
+            raise ValueError(f"flops and nbytes must be >= 0, got flops={flops}, nbytes={nbytes}")
+        return max(flops / self.flops, nbytes / self.mem_bandwidth)
+
+    def message_time(self, nbytes: int) -> float:
+        return self.link.time(nbytes)
+
+    def with_memory(self, nbytes: int) -> "DeviceProfile":
+        return replace(self, memory=int(nbytes))
+
+
+LINKS = {
+    # NVLink 4 (H100 SXM): 900 GB/s both directions over 18 links -> 450 GB/s one way.
+    "nvlink4": Link("nvlink4", alpha=2e-6, beta=450e9),
+    # NVLink 3 (A100 SXM): 600 GB/s both directions -> 300 GB/s one way.
+    "nvlink3": Link("nvlink3", alpha=2e-6, beta=300e9),
+    # PCIe 5.0 x16: 64 GB/s one way raw, about 50 GB/s achieved.
+    "pcie5": Link("pcie5", alpha=5e-6, beta=50e9),
+    # InfiniBand NDR 400 Gb/s per port = 50 GB/s one way.
+    "ib-ndr": Link("ib-ndr", alpha=5e-6, beta=50e9),
+    # 10 Gigabit Ethernet with TCP.
+    "ethernet-10g": Link("ethernet-10g", alpha=30e-6, beta=1.25e9),
+    # The toy GPU's link: same compute/bandwidth ratio as PCIe to an H100, scaled.
+    "toy-link": Link("toy-link", alpha=50e-6, beta=1e9),
+}
+
+PROFILES = {
+    "toy-gpu": DeviceProfile(
+        "toy-gpu", flops=10e9, mem_bandwidth=10e9, memory=256 * MiB, link=LINKS["toy-link"],
+        source="pipelib's teaching device: 10 GFLOP/s, 10 GB/s, 256 MiB, 1 GB/s link",
+    ),
+    "h100": DeviceProfile(
+        "h100", flops=989e12, mem_bandwidth=3.35e12, memory=80 * GiB, link=LINKS["nvlink4"],
+        source="NVIDIA H100 SXM datasheet: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3, 80 GB",
+    ),
+    "a100": DeviceProfile(
+        "a100", flops=312e12, mem_bandwidth=2.039e12, memory=80 * GiB, link=LINKS["nvlink3"],
+        source="NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s dense BF16, 2.039 TB/s HBM2e",
+    ),
+    "h100-pcie-cluster": DeviceProfile(
+        "h100-pcie-cluster", flops=756e12, mem_bandwidth=2.0e12, memory=80 * GiB, link=LINKS["ib-ndr"],
+        source="NVIDIA H100 PCIe datasheet (756 TFLOP/s BF16, 2.0 TB/s) across NDR InfiniBand",
+    ),
+}
+
+DEFAULT_PROFILE = "toy-gpu"
+
+
+def get_profile(profile: "str | DeviceProfile") -> DeviceProfile:
+    """Look up a preset by name (or pass a DeviceProfile through)."""
+    if isinstance(profile, DeviceProfile):
+        return profile
+    try:
+        return PROFILES[profile]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown device profile {profile!r}; choose one of {sorted(PROFILES)} "
+            f"or pass a pipelib.costmodel.DeviceProfile"
+        ) from None
+
+
+def matmul_flops(m: int, k: int, n: int) -> int:
+    """FLOPs of an (m, k) @ (k, n) product: one multiply and one add per term."""
+    return 2 * m * k * n

@@ -1,0 +1,191 @@
+"""One event type for what the cluster measured and what `simulate` predicts.
+
+Every op in pipelib (compute, send, receive, collective) records an `Event` on its rank;
+`Cluster.trace()` gathers every rank's events into one `Trace`. `pipelib.simulate` produces
+events of the same type, so one figure function draws predicted above measured, and the
+bubble is simply idle time on the timeline.
+
+Waiting is never counted as communication: a receive that blocks records a RECV_WAIT event
+(the rank sat idle) and, separately, a TRANSFER event (the bytes were on the link). Folding the
+two together under-reports the bubble (see chapter 04 and DESIGN.md section 5).
+
+Introduced in chapter 04.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+from typing import Iterable, Iterator
+
+
+class Kind(str, Enum):
+    """What a rank was doing during an event."""
+
+    COMPUTE = "compute"        # F, B, I, W, optimizer, any modelled or measured math
+    SEND = "send"              # posting a message (the sender's side)
+    RECV_WAIT = "recv-wait"    # a rank blocked, waiting for bytes to arrive: idle time
+    TRANSFER = "transfer"      # bytes on the link, from the send to their arrival
+    COLLECTIVE = "collective"  # a whole collective call, as seen by one rank
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interval on one rank's timeline (seconds since the cluster's epoch)."""
+
+    rank: int
+    kind: Kind
+    label: str
+    start: float
+    end: float
+    stage: int | None = None
+    microbatch: int | None = None
+    bytes: int = 0
+    memory: int | None = None  # bytes allocated on this rank after the event
+    peer: int | None = None    # the other rank of a send, receive or transfer
+
+    def __post_init__(self):
+        if self.end < self.start:
+            raise ValueError(
+                f"Event {self.label!r} on rank {self.rank} ends before it starts "
+                f"(start={self.start}, end={self.end}); pass end >= start."
+            )
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def shifted(self, dt: float) -> "Event":
+        return replace(self, start=self.start + dt, end=self.end + dt)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+
+class Tracer:
+    """Per-rank recorder. The runtime appends; `Cluster.trace()` collects and clears."""
+
+    def __init__(self, rank: int = 0):
+        self.rank = rank
+        self.events: list[Event] = []
+        self.enabled = True
+
+    def record(self, kind: Kind, label: str, start: float, end: float, **fields) -> Event:
+        ev = Event(rank=self.rank, kind=Kind(kind), label=label, start=start, end=end, **fields)
+        if self.enabled:
+            self.events.append(ev)
+        return ev
+
+    def take(self) -> list[Event]:
+        """Return the recorded events and start afresh."""
+        evs, self.events = self.events, []
+        return evs
+
+    def clear(self) -> None:
+        self.events = []
+
+
+def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+class Trace:
+    """The events of every rank, gathered into one table.
+
+    >>> t = Trace([Event(0, Kind.COMPUTE, "F", 0, 1), Event(1, Kind.COMPUTE, "F", 1, 2)])
+    >>> t.span, t.idle_fraction(0)
+    (2, 0.5)
+    """
+
+    def __init__(self, events: Iterable[Event], world_size: int | None = None):
+        self.events: list[Event] = sorted(events, key=lambda e: (e.start, e.rank, e.end))
+        ranks = {e.rank for e in self.events}
+        self.world_size = world_size if world_size is not None else (max(ranks) + 1 if ranks else 0)
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Trace) and self.events == other.events
+
+    def __repr__(self) -> str:
+        return f"Trace({len(self.events)} events, world_size={self.world_size}, span={self.span:.6g} s)"
+
+    @property
+    def start(self) -> float:
+        return min((e.start for e in self.events), default=0.0)
+
+    @property
+    def end(self) -> float:
+        return max((e.end for e in self.events), default=0.0)
+
+    @property
+    def span(self) -> float:
+        return self.end - self.start
+
+    def filter(self, *, rank=None, kind=None, label=None) -> "Trace":
+        kinds = None if kind is None else {Kind(k) for k in (kind if isinstance(kind, (list, tuple, set)) else [kind])}
+        evs = [
+            e for e in self.events
+            if (rank is None or e.rank == rank)
+            and (kinds is None or e.kind in kinds)
+            and (label is None or e.label == label)
+        ]
+        return Trace(evs, self.world_size)
+
+    def busy(self, rank: int, kinds=(Kind.COMPUTE,)) -> float:
+        """Seconds `rank` spent in events of `kinds` (overlaps counted once)."""
+        ks = {Kind(k) for k in kinds}
+        return _union_length((e.start, e.end) for e in self.events if e.rank == rank and e.kind in ks)
+
+    def idle_fraction(self, rank: int, kinds=(Kind.COMPUTE,)) -> float:
+        """Share of the trace's span that `rank` was not computing."""
+        span = self.span
+        return 0.0 if span == 0 else 1.0 - self.busy(rank, kinds) / span
+
+    def bubble_fraction(self, kinds=(Kind.COMPUTE,)) -> float:
+        """Idle share of the whole timeline: 1 - sum(busy) / (world_size * span)."""
+        span = self.span
+        if span == 0 or self.world_size == 0:
+            return 0.0
+        busy = sum(self.busy(r, kinds) for r in range(self.world_size))
+        return 1.0 - busy / (self.world_size * span)
+
+    def bytes_sent(self, rank: int | None = None) -> int:
+        return sum(e.bytes for e in self.events if e.kind == Kind.SEND and (rank is None or e.rank == rank))
+
+    def peak_memory(self, rank: int) -> int:
+        return max((e.memory for e in self.events if e.rank == rank and e.memory is not None), default=0)
+
+    def rows(self) -> list[dict]:
+        return [e.as_dict() for e in self.events]
+
+    def table(self, limit: int | None = 20) -> str:
+        """A fixed-width text table (deterministic, for notebooks and error messages)."""
+        head = f"{'rank':>4} {'kind':<10} {'label':<14} {'start':>10} {'end':>10} {'bytes':>9}"
+        lines = [head]
+        evs = self.events if limit is None else self.events[:limit]
+        for e in evs:
+            lines.append(
+                f"{e.rank:>4} {e.kind.value:<10} {e.label[:14]:<14} {e.start:>10.6f} {e.end:>10.6f} {e.bytes:>9}"
+            )
+        if limit is not None and len(self.events) > limit:
+            lines.append(f"... {len(self.events) - limit} more events")
+        return "\n".join(lines)
