@@ -1,0 +1,78 @@
+"""Kill a cluster's processes when the notebook kernel that owns it disappears.
+
+ipyparallel starts its controller and engines in sessions of their own, so they survive a
+kernel killed with SIGKILL (nbval does that after a cell timeout), and atexit cannot run in a
+killed process. This watchdog is started by `Cluster.start()` in its own session too; it polls
+the kernel's pid and, once the kernel is gone, terminates every process carrying the cluster's
+tag in its environment, then removes the cluster's run directory and exits.
+
+    python -m pipelib._watchdog KERNEL_PID KERNEL_CREATE_TIME TAG RUNDIR
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import psutil
+
+TAG_VAR = "PIPELIB_CLUSTER_ID"
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Every live process whose environment carries PIPELIB_CLUSTER_ID=tag."""
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter():
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get(TAG_VAR) == tag and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def sweep(tag: str, grace: float = 2.0) -> int:
+    """SIGTERM the tagged processes, SIGKILL what is left after `grace` seconds."""
+    procs = tagged_processes(tag)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    return len(procs)
+
+
+def kernel_alive(pid: int, create_time: float) -> bool:
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - create_time) < 1.0 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def main(argv: list[str]) -> int:
+    pid, ctime, tag, rundir = int(argv[0]), float(argv[1]), argv[2], argv[3]
+    stop_file = os.path.join(rundir, "stopped")
+    while True:
+        if os.path.exists(stop_file) or not os.path.isdir(rundir):
+            return 0  # stopped normally: Cluster.stop() cleaned up
+        if not kernel_alive(pid, ctime):
+            sweep(tag)
+            shutil.rmtree(rundir, ignore_errors=True)
+            return 0
+        time.sleep(0.25)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,346 @@
+"""Simulated and real devices: clocks, modelled durations, memory tracking, what a rank is doing.
+
+Every engine of a `Cluster` holds one `Device` (`pipelib.device.current()`), set up when the
+cluster starts. Three kinds:
+
+- ``sim`` (default): math is real and runs on the CPU, *time* is modelled from a
+  `DeviceProfile`: a compute op lasts its roofline time, a message alpha + bytes / beta.
+  With the virtual clock (default) each rank keeps a logical clock: deterministic, identical on
+  an idle or a loaded machine. With the wall clock the rank sleeps until each op's modelled
+  deadline, so a demo moves in real time (sleeping burns no CPU: 8 engines fit on 2 cores).
+- ``cpu``: real math, real wall-clock time (noisy on 2 shared cores: that is reality).
+- ``cuda``: one GPU per rank, real time, the allocator's counters for memory.
+
+Memory is measured, not assumed: saved activations through
+`torch.autograd.graph.saved_tensors_hooks`, plus parameters, gradients, optimizer state and
+buffers registered with the tracker. A simulated device has a capacity and raises
+`SimulatedOutOfMemoryError` naming the rank, the need and the capacity.
+
+Introduced in chapter 04.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+from .costmodel import DeviceProfile, get_profile
+from .trace import Kind, Tracer
+
+DEVICE_KINDS = ("sim", "cpu", "cuda")
+CLOCKS = ("virtual", "wall")
+
+
+class SimulatedOutOfMemoryError(RuntimeError):
+    """A rank needed more memory than its simulated device has."""
+
+    def __init__(self, rank: int, what: str, need: int, capacity: int, breakdown: dict):
+        self.rank, self.need, self.capacity, self.breakdown = rank, need, capacity, dict(breakdown)
+        parts = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in breakdown.items() if v)
+        super().__init__(
+            f"rank {rank}: simulated out of memory while allocating {what}: needs "
+            f"{need / 2**20:.2f} MiB but the device holds {capacity / 2**20:.2f} MiB ({parts}). "
+            f"Use a smaller batch or more microbatches, shard with ZeRO, recompute activations, "
+            f"or choose a profile with more memory."
+        )
+
+
+# ---------------------------------------------------------------- clocks
+class VirtualClock:
+    """A logical clock: time advances only by modelled durations. Deterministic."""
+
+    virtual = True
+
+    def __init__(self, start: float = 0.0):
+        self.t = float(start)
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, duration: float) -> tuple[float, float]:
+        start = self.t
+        self.t = start + max(0.0, duration)
+        return start, self.t
+
+    def wait_until(self, t: float) -> tuple[float, float]:
+        start = self.t
+        self.t = max(self.t, t)
+        return start, self.t
+
+    def reset(self, start: float = 0.0) -> None:
+        self.t = float(start)
+
+
+class WallClock:
+    """Seconds since a shared epoch (time.time() is one clock for every process on a host)."""
+
+    virtual = False
+
+    def __init__(self, epoch: float | None = None):
+        self.epoch = time.time() if epoch is None else epoch
+
+    def now(self) -> float:
+        return time.time() - self.epoch
+
+    def advance(self, duration: float) -> tuple[float, float]:
+        start = self.now()
+        self.wait_until(start + duration)
+        return start, self.now()
+
+    def wait_until(self, t: float) -> tuple[float, float]:
+        start = self.now()
+        while True:  # sleep to the deadline; the last millisecond is slept in small steps
+            left = t - self.now()
+            if left <= 0:
+                break
+            time.sleep(left if left > 2e-3 else left / 2)
+        return start, self.now()
+
+    def reset(self, start: float = 0.0) -> None:
+        self.epoch = time.time() - start
+
+
+# ---------------------------------------------------------------- what a rank is doing
+class Activity:
+    """A one-line beacon saying what this rank is doing, readable from the notebook process
+    while the rank is stuck (a blocked rank cannot answer a message, but a file can be read)."""
+
+    SIZE = 512
+
+    def __init__(self, path: str | None = None):
+        self.path, self.fd, self.text = path, None, "idle"
+        if path:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.set("idle")
+
+    def set(self, text: str) -> None:
+        self.text = text
+        if self.fd is not None:
+            data = f"{time.time():.3f} {text}".encode()[: self.SIZE].ljust(self.SIZE)
+            os.pwrite(self.fd, data, 0)
+
+    @contextlib.contextmanager
+    def doing(self, text: str):
+        before = self.text
+        self.set(text)
+        try:
+            yield
+        finally:
+            self.set(before)
+
+    @staticmethod
+    def read(path: str) -> tuple[float | None, str]:
+        """(seconds since it was set, text) for a beacon file; (None, 'unknown') if absent."""
+        try:
+            with open(path, "rb") as f:
+                stamp, _, text = f.read(Activity.SIZE).decode(errors="replace").strip().partition(" ")
+            return time.time() - float(stamp), text
+        except (OSError, ValueError):
+            return None, "unknown"
+
+
+# ---------------------------------------------------------------- memory
+class MemoryTracker:
+    """Bytes held on one rank by category; checks a capacity on every increase."""
+
+    CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
+
+    def __init__(self, rank: int = 0, capacity: int | None = None):
+        self.rank, self.capacity = rank, capacity
+        self.bytes = dict.fromkeys(self.CATEGORIES, 0)
+        self.peak = 0
+        self._storages: dict[int, list] = {}  # storage ptr -> [refcount, nbytes]
+        self._param_ptrs: set[int] = set()
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
+
+    def add(self, category: str, nbytes: int, what: str = "") -> None:
+        if category not in self.bytes:
+            raise ValueError(f"unknown memory category {category!r}; use one of {self.CATEGORIES}")
+        new_total = self.total + nbytes
+        if nbytes > 0 and self.capacity is not None and new_total > self.capacity:
+            raise SimulatedOutOfMemoryError(
+                self.rank, what or category, new_total, self.capacity, {**self.bytes, category: self.bytes[category] + nbytes}
+            )
+        self.bytes[category] += nbytes
+        self.peak = max(self.peak, self.total)
+
+    def set(self, category: str, nbytes: int, what: str = "") -> None:
+        self.add(category, nbytes - self.bytes[category], what)
+
+    def reset_peak(self) -> None:
+        self.peak = self.total
+
+    # -- parameters, gradients, optimizer state
+    def track_module(self, module) -> None:
+        params = list(module.parameters())
+        self._param_ptrs |= {p.untyped_storage().data_ptr() for p in params}
+        self.set("parameters", sum(p.numel() * p.element_size() for p in params), "parameters")
+        self.set("buffers", sum(b.numel() * b.element_size() for b in module.buffers()), "buffers")
+
+    def update_gradients(self, module) -> None:
+        self.set("gradients", sum(p.grad.numel() * p.grad.element_size() for p in module.parameters()
+                                  if p.grad is not None), "gradients")
+
+    def update_optimizer(self, optimizer) -> None:
+        import torch
+
+        n = sum(v.numel() * v.element_size() for st in optimizer.state.values()
+                for v in st.values() if isinstance(v, torch.Tensor))
+        self.set("optimizer", n, "optimizer state")
+
+    # -- saved activations
+    @contextlib.contextmanager
+    def saved_activations(self):
+        """Count tensors autograd saves for backward (unique storages, parameters excluded)."""
+        import torch
+
+        tracker = self
+
+        class _Saved:
+            __slots__ = ("t", "key", "__weakref__")
+
+            def __init__(self, t):
+                self.t, self.key = t, None
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr in tracker._param_ptrs or st.nbytes() == 0:
+                    return
+                entry = tracker._storages.get(ptr)
+                if entry is None:
+                    tracker.add("activations", st.nbytes(), f"saved activation {tuple(t.shape)}")
+                    tracker._storages[ptr] = [1, st.nbytes()]
+                else:
+                    entry[0] += 1
+                self.key = ptr
+
+            def __del__(self):
+                entry = tracker._storages.get(self.key) if self.key is not None else None
+                if entry is not None:
+                    entry[0] -= 1
+                    if entry[0] == 0:
+                        del tracker._storages[self.key]
+                        tracker.bytes["activations"] -= entry[1]
+
+        with torch.autograd.graph.saved_tensors_hooks(_Saved, lambda s: s.t):
+            yield self
+
+
+# ---------------------------------------------------------------- the device
+@dataclass(frozen=True)
+class DeviceSpec:
+    """What the notebook asked for; validated before any process starts."""
+
+    kind: str = "sim"
+    profile: str | DeviceProfile = "toy-gpu"
+    clock: str = "virtual"
+
+    def __post_init__(self):
+        if self.kind not in DEVICE_KINDS:
+            raise ValueError(f"unknown device {self.kind!r}; use one of {DEVICE_KINDS}")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"unknown clock {self.clock!r}; use one of {CLOCKS}")
+        get_profile(self.profile)  # raises a ValueError naming the profile
+
+
+class Device:
+    """One rank's device: its clock, tracer, memory tracker and activity beacon."""
+
+    def __init__(self, rank: int = 0, world_size: int = 1, spec: DeviceSpec | None = None,
+                 epoch: float | None = None, activity_path: str | None = None):
+        spec = spec or DeviceSpec()
+        self.rank, self.world_size, self.kind = rank, world_size, spec.kind
+        self.profile: DeviceProfile = get_profile(spec.profile)
+        self.modelled = spec.kind == "sim"
+        self.clock = VirtualClock() if (self.modelled and spec.clock == "virtual") else WallClock(epoch)
+        self.tracer = Tracer(rank)
+        capacity = self.profile.memory if self.modelled else None
+        self.memory = MemoryTracker(rank, capacity)
+        self.activity = Activity(activity_path)
+        self.torch_device = self._torch_device()
+
+    def _torch_device(self):
+        import torch
+
+        if self.kind == "cuda":
+            torch.cuda.set_device(self.rank % torch.cuda.device_count())
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def __repr__(self) -> str:
+        clock = "virtual" if self.clock.virtual else "wall"
+        return f"Device(rank={self.rank}, kind={self.kind!r}, profile={self.profile.name!r}, clock={clock!r})"
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def reset(self) -> None:
+        """Start a new measurement: clock to 0 (virtual) and an empty trace."""
+        if self.clock.virtual:
+            self.clock.reset(0.0)
+        self.tracer.clear()
+        self.memory.reset_peak()
+
+    @contextlib.contextmanager
+    def compute(self, label: str, *, flops: float | None = None, nbytes: float = 0.0,
+                duration: float | None = None, stage: int | None = None, microbatch: int | None = None):
+        """Run the body as one compute op and record it.
+
+        On a simulated device its duration is `duration` if given, else the roofline time of
+        `flops` (counted with torch's FlopCounterMode when not given) and `nbytes`. On real
+        devices the duration is measured.
+        """
+        counter = None
+        if self.modelled and duration is None and flops is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            counter = FlopCounterMode(display=False)
+        start = self.clock.now()
+        with self.activity.doing(f"compute {label}" + (f" stage {stage}" if stage is not None else "")
+                                 + (f" microbatch {microbatch}" if microbatch is not None else "")):
+            with counter if counter is not None else contextlib.nullcontext():
+                yield self
+            if self.kind == "cuda":
+                import torch
+
+                torch.cuda.synchronize()
+            if self.modelled:
+                if duration is None:
+                    flops = counter.get_total_flops() if counter is not None else flops
+                    duration = self.profile.compute_time(flops, nbytes)
+                if self.clock.virtual:
+                    start, end = self.clock.advance(duration)
+                else:
+                    self.clock.wait_until(start + duration)
+                    end = self.clock.now()
+            else:
+                end = self.clock.now()
+        self.tracer.record(Kind.COMPUTE, label, start, end, stage=stage, microbatch=microbatch,
+                           memory=self.memory.total)
+
+    def idle(self, duration: float, label: str = "idle") -> None:
+        """Let modelled time pass without work (sleeps under the wall clock)."""
+        if self.clock.virtual:
+            self.clock.advance(duration)
+        else:
+            self.clock.wait_until(self.clock.now() + duration)
+
+
+_CURRENT: Device | None = None
+
+
+def current() -> Device:
+    """The Device of this process (set up on every engine when a Cluster starts)."""
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = Device()
+    return _CURRENT
+
+
+def set_current(device: Device) -> Device:
+    global _CURRENT
+    _CURRENT = device
+    return device
