@@ -100,8 +100,9 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------------ engine side
-def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, parent_pid, parent_ctime):
-    """Runs on each engine: device, parent watch, then torch.distributed."""
+def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, parent_pid, parent_ctime,
+                 sys_path, cwd):
+    """Runs on each engine: import path, device, parent watch, then torch.distributed."""
     import threading
     from datetime import timedelta
 
@@ -110,6 +111,10 @@ def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, pa
 
     from pipelib import device as devmod
 
+    # Same import path and working directory as the notebook: functions defined in a module
+    # beside it (or in a test module) are pickled by reference and must import on the engine.
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    os.chdir(cwd)
     torch.set_num_threads(1)
     dev = devmod.set_current(devmod.Device(rank, world_size, spec, epoch, activity_path))
 
@@ -245,7 +250,8 @@ class Cluster:
         ars = [
             self.client[eid].apply_async(
                 _engine_init, rank, self.world_size, port, self.spec, epoch,
-                self._activity_path(rank), self.timeout, me.pid, me.create_time())
+                self._activity_path(rank), self.timeout, me.pid, me.create_time(),
+                [os.path.abspath(p or ".") for p in sys.path], os.getcwd())
             for rank, eid in enumerate(self._eids)
         ]
         self.info = []  # pids unknown until init returns: ipyparallel reports deaths meanwhile

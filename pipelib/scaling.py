@@ -1,0 +1,142 @@
+"""Amdahl's and Gustafson's laws, measured on the cluster and fitted.
+
+Amdahl (1967), strong scaling: a fixed problem with serial fraction s on k workers runs
+    T(k) = T(1) * (s + (1 - s) / k),   speedup S(k) = 1 / (s + (1 - s) / k) <= 1 / s.
+Gustafson (1988), weak scaling: the parallel part grows with k, the serial part does not;
+with s the serial share of the time on k workers, the scaled speedup is
+    S(k) = s + (1 - s) * k.
+
+The experiment (`strong_scaling_step`, `weak_scaling_step`) runs on every rank of a cluster:
+rank 0 does the serial part, sends the input to the other workers, all k workers do their share
+of the parallel part as real matrix multiplications, and rank 0 gathers their results. On a
+simulated device the times come from the FLOPs; on the cpu device they are measured, and the
+contention of k engines on a few cores shows up as a larger fitted serial fraction.
+
+Introduced in chapter 04.
+"""
+from __future__ import annotations
+
+import math
+
+MATMUL_N = 96  # each unit of work is one (N, N) @ (N, N) product: 2 N^3 FLOPs
+
+
+def amdahl_speedup(s: float, k):
+    """Strong-scaling speedup on k workers for serial fraction s."""
+    _check_fraction(s)
+    return 1.0 / (s + (1.0 - s) / k)
+
+
+def gustafson_speedup(s: float, k):
+    """Weak-scaling (scaled) speedup on k workers for serial fraction s."""
+    _check_fraction(s)
+    return s + (1.0 - s) * k
+
+
+def _check_fraction(s):
+    if not 0.0 <= s <= 1.0:
+        raise ValueError(f"serial fraction must be in [0, 1], got {s}")
+
+
+def fit_amdahl(ks, speedups) -> float:
+    """Least-squares serial fraction s from measured speedups.
+
+    1 / S(k) = s + (1 - s) / k is linear in s:  1/S - 1/k = s (1 - 1/k).
+    """
+    num = sum((1 / S - 1 / k) * (1 - 1 / k) for k, S in zip(ks, speedups))
+    den = sum((1 - 1 / k) ** 2 for k in ks)
+    if den == 0:
+        raise ValueError("need at least one measurement with k > 1 to fit a serial fraction")
+    return min(1.0, max(0.0, num / den))
+
+
+def fit_gustafson(ks, speedups) -> float:
+    """Least-squares serial fraction s from scaled speedups: S(k) - k = s (1 - k)."""
+    num = sum((S - k) * (1 - k) for k, S in zip(ks, speedups))
+    den = sum((1 - k) ** 2 for k in ks)
+    if den == 0:
+        raise ValueError("need at least one measurement with k > 1 to fit a serial fraction")
+    return min(1.0, max(0.0, num / den))
+
+
+# ------------------------------------------------------------------ on the engines
+def _work(units: int, x):
+    """`units` real matmuls of (N, N); returns a small result so nothing is optimised away."""
+    import torch
+
+    acc = torch.zeros(MATMUL_N, MATMUL_N)
+    for _ in range(units):
+        acc += x @ x
+    return acc[0, :8].clone()
+
+
+def unit_flops() -> int:
+    return 2 * MATMUL_N ** 3
+
+
+def _scaling_step(k: int, serial_units: int, parallel_units_per_rank: list[int]):
+    """One run on ranks 0..k-1 of the world: serial, scatter the go, parallel, gather."""
+    import torch
+    import torch.distributed as dist
+
+    from . import comms
+    from .device import current
+
+    dev, rank = current(), dist.get_rank()
+    if rank >= k:
+        return None
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(MATMUL_N, MATMUL_N, generator=g) / MATMUL_N
+    dev.memory.set("buffers", x.numel() * x.element_size(), "input matrix")
+    token = torch.zeros(8)
+    if rank == 0:
+        with dev.compute("serial", flops=serial_units * unit_flops()):
+            token += _work(serial_units, x)
+        handles = [comms.isend(token, dst, label="input") for dst in range(1, k)]
+    else:
+        comms.recv(token, 0, label="input")
+    with dev.compute("parallel", flops=parallel_units_per_rank[rank] * unit_flops()):
+        part = _work(parallel_units_per_rank[rank], x)
+    if rank == 0:
+        comms.wait_all(handles)
+        buf = torch.empty(8)
+        for src in range(1, k):
+            part += comms.recv(buf, src, label="result")
+        return dev.clock.now()
+    comms.send(part, 0, label="result")
+    return dev.clock.now()
+
+
+def strong_scaling_step(k: int, total_units: int, serial_fraction: float):
+    """Amdahl: a fixed amount of work, `serial_fraction` of it on rank 0 alone."""
+    serial = round(total_units * serial_fraction)
+    par = total_units - serial
+    share = [par // k + (1 if r < par % k else 0) for r in range(k)]
+    return _scaling_step(k, serial, share)
+
+
+def weak_scaling_step(k: int, serial_units: int, parallel_units_per_rank: int):
+    """Gustafson: every worker gets the same parallel work; the serial part stays fixed."""
+    return _scaling_step(k, serial_units, [parallel_units_per_rank] * k)
+
+
+def single_rank_step(units: int):
+    """The whole problem on rank 0 alone: the reference time T(1)."""
+    return _scaling_step(1, units, [0])
+
+
+def speedup_table(ks, times) -> list[dict]:
+    t1 = times[0] if ks[0] == 1 else None
+    if t1 is None:
+        raise ValueError(f"the first measurement must be k=1, got k={ks[0]}")
+    return [{"k": k, "time": t, "speedup": t1 / t, "efficiency": t1 / t / k} for k, t in zip(ks, times)]
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def relative_error(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), math.ulp(1.0))

@@ -1,0 +1,33 @@
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def cluster4():
+    """One 4-engine simulated cluster shared by the cluster tests (start-up costs seconds)."""
+    from pipelib.cluster import Cluster
+
+    c = Cluster(4, timeout=8)
+    yield c
+    c.stop()
+
+
+def cluster_processes():
+    """Pids of every ipyparallel controller/engine and pipelib watchdog on this machine."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if ("ipyparallel.engine" in cmd or "ipyparallel.controller" in cmd or "ipcluster" in cmd
+                or "pipelib._watchdog" in cmd):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p.info["pid"])
+            except psutil.Error:
+                pass
+    return out

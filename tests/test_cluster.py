@@ -1,0 +1,230 @@
+"""The engine cluster: ranks, faults as errors naming the rank, no orphans, clocks."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import cluster_processes
+from pipelib.cluster import Cluster, RankDiedError, RankError, RankTimeoutError
+from pipelib.device import SimulatedOutOfMemoryError
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(world_size=0), "world_size must be between 1 and 64, got 0"),
+    (dict(world_size=-2), "got -2"),
+    (dict(world_size=2.5), "world_size must be an int, got 2.5"),
+    (dict(world_size=True), "got True"),
+    (dict(world_size=2, device="tpu"), "unknown device 'tpu'"),
+    (dict(world_size=2, profile="b200-typo"), "unknown device profile 'b200-typo'"),
+    (dict(world_size=2, clock="lunar"), "unknown clock 'lunar'"),
+    (dict(world_size=2, timeout=0), "timeout must be a positive number"),
+    (dict(world_size=3, device="cuda"), "world_size=3 but this machine has 0 GPU"),
+])
+def test_bad_arguments_raise_before_any_process_starts(kwargs, match):
+    before = set(cluster_processes())
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(ValueError, match=match):
+        Cluster(**kwargs)
+    assert set(cluster_processes()) <= before
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
+
+
+def test_ranks_threads_and_results_in_rank_order(cluster4):
+    import torch.distributed as dist
+
+    assert cluster4.run(dist.get_rank) == [0, 1, 2, 3]
+    assert [i["threads"] for i in cluster4.info] == [1, 1, 1, 1]
+    assert len(set(cluster4.pids)) == 4
+
+
+def _allreduce_rank():
+    import torch
+    import torch.distributed as dist
+
+    x = torch.full((3,), float(dist.get_rank()))
+    dist.all_reduce(x)
+    return x.tolist()
+
+
+def test_collective_runs(cluster4):
+    assert cluster4.run(_allreduce_rank) == [[6.0, 6.0, 6.0]] * 4
+
+
+def _raise_on(rank):
+    import torch.distributed as dist
+
+    if dist.get_rank() == rank:
+        raise ValueError(f"bad value on purpose on rank {rank}")
+    return dist.get_rank()
+
+
+def test_exception_names_rank_and_cluster_stays_usable(cluster4):
+    with pytest.raises(RankError, match=r"rank 2 raised ValueError: bad value on purpose") as err:
+        cluster4.run(_raise_on, 2)
+    assert set(err.value.errors) == {2} and "_raise_on" in str(err.value)
+    assert cluster4.run(_raise_on, -1) == [0, 1, 2, 3]
+
+
+def _stall(rank, seconds):
+    import time
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == rank:
+        time.sleep(seconds)
+    return dist.get_rank()
+
+
+def test_stalled_rank_times_out_naming_rank_and_activity(cluster4):
+    t0 = time.monotonic()
+    with pytest.raises(RankTimeoutError, match=r"rank 1 did not finish _stall within 1\.5 s; it was doing: running _stall") as err:
+        cluster4.run(_stall, 1, 600, timeout=1.5)
+    assert err.value.ranks == [1] and time.monotonic() - t0 < 6
+    assert cluster4.run(_stall, -1, 0) == [0, 1, 2, 3]  # interrupted, usable again
+
+
+def _traced_step():
+    import torch
+
+    from pipelib import comms
+    from pipelib.device import current
+
+    import torch.distributed as dist
+    dev, rank = current(), dist.get_rank()
+    x = torch.ones(1000)
+    with dev.compute("work", flops=1e6 * (4 - rank)):
+        pass
+    if rank == 0:
+        comms.send(x, 1)
+    elif rank == 1:
+        comms.recv(x, 0)
+    return dev.now()
+
+
+def test_virtual_clock_gives_identical_timelines_even_under_load(cluster4):
+    cluster4.reset()
+    cluster4.run(_traced_step)
+    first = cluster4.trace()
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        cluster4.reset()
+        cluster4.run(_traced_step)
+        second = cluster4.trace()
+    finally:
+        burner.kill()
+        burner.wait()
+    assert first == second and len(first) > 0
+    recv = [e for e in first if e.rank == 1 and e.kind.value == "recv-wait"][0]
+    transfer = [e for e in first if e.rank == 1 and e.kind.value == "transfer"][0]
+    prof = __import__("pipelib.costmodel", fromlist=["x"]).PROFILES["toy-gpu"]
+    assert transfer.start == pytest.approx(4e6 / prof.flops)  # sent when rank 0 finished work
+    assert transfer.duration == pytest.approx(prof.link.time(4000))
+    assert recv.start == pytest.approx(3e6 / prof.flops)  # rank 1 idle from the end of its work
+    assert recv.end == pytest.approx(transfer.end)  # ... until the bytes arrived
+
+
+def _oom():
+    import torch
+
+    from pipelib.device import current
+
+    dev = current()
+    dev.memory.capacity = 4096
+    try:
+        x = torch.randn(2048, requires_grad=True)
+        with dev.memory.saved_activations():
+            x.exp().sum()
+    finally:
+        dev.memory.capacity = dev.profile.memory
+
+
+def test_simulated_oom_surfaces_with_rank(cluster4):
+    with pytest.raises(RankError, match=r"rank 0 raised SimulatedOutOfMemoryError: rank 0: simulated out of memory"):
+        cluster4.run(_oom)
+
+
+def _collective_then_die(victim):
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == victim:
+        time.sleep(0.3)
+        os._exit(1)
+    x = torch.ones(1 << 16)
+    dist.all_reduce(x)
+    return True
+
+
+def test_killed_engine_mid_collective_names_the_rank_fast():
+    with Cluster(3, timeout=5) as c:
+        t0 = time.monotonic()
+        with pytest.raises(RankDiedError, match=r"rank 2 died while running _collective_then_die") as err:
+            c.run(_collective_then_die, 2)
+        assert err.value.ranks == [2] and time.monotonic() - t0 < 5
+        with pytest.raises(Exception, match="restart"):
+            c.run(_raise_on, -1)
+        c.restart()
+        assert c.run(_raise_on, -1) == [0, 1, 2]
+    assert c.client is None
+
+
+def _wall_padded():
+    from pipelib.device import current
+
+    dev = current()
+    dev.reset()
+    with dev.compute("padded", duration=0.25):
+        pass
+    return dev.tracer.events[-1].duration
+
+
+def test_wall_clock_op_lasts_its_modelled_time_and_two_clusters_coexist(cluster4):
+    with Cluster(2, clock="wall", timeout=10) as c:
+        assert c.tag != cluster4.tag
+        t0 = time.perf_counter()
+        durations = c.run(_wall_padded)
+        real = time.perf_counter() - t0
+        assert all(abs(d - 0.25) / 0.25 < 0.05 for d in durations), durations
+        assert real >= 0.25
+        assert cluster4.run(_raise_on, -1) == [0, 1, 2, 3]  # the other cluster is untouched
+
+
+KERNEL_CODE = """
+from pipelib import Cluster
+c = Cluster(2, timeout=10)
+print("TAG", c.tag, flush=True)
+"""
+
+
+def test_sigkilled_kernel_leaves_no_cluster_process_after_10s():
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        out = []
+        kc.execute_interactive(KERNEL_CODE, timeout=120,
+                               output_hook=lambda m: out.append(m["content"].get("text", "")))
+        tag = "".join(out).split("TAG", 1)[1].split()[0]
+        from pipelib._watchdog import tagged_processes
+        assert len(tagged_processes(tag)) >= 3  # controller(s) and 2 engines
+        px = []
+        kc.execute_interactive("%%px --no-stream --group-outputs=engine\nprint('px rank', rank)", timeout=30,
+                               output_hook=lambda m: px.append(m["content"].get("text", "")))
+        assert "px rank 0" in "".join(px) and "px rank 1" in "".join(px)
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while tagged_processes(tag) and time.monotonic() - t0 < 10:
+            time.sleep(0.2)
+        assert tagged_processes(tag) == [], f"orphans after {time.monotonic() - t0:.1f} s"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

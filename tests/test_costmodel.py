@@ -1,0 +1,19 @@
+import pytest
+
+from pipelib.costmodel import PROFILES, Link, matmul_flops
+
+
+def test_roofline_picks_the_binding_limit():
+    h = PROFILES["h100"]
+    assert h.ridge_point == pytest.approx(989e12 / 3.35e12)
+    # a big matmul is compute bound, an elementwise op memory bound
+    n = 8192
+    assert h.compute_time(matmul_flops(n, n, n), 3 * n * n * 2) == pytest.approx(2 * n**3 / 989e12)
+    assert h.compute_time(n * n, 3 * n * n * 2) == pytest.approx(6 * n * n / 3.35e12)
+    with pytest.raises(ValueError, match="flops=-1"):
+        h.compute_time(-1)
+
+
+def test_alpha_beta():
+    link = Link("x", alpha=1e-5, beta=1e9)
+    assert link.time(0) == 1e-5 and link.time(10**9) == pytest.approx(1 + 1e-5)

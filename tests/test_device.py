@@ -1,0 +1,76 @@
+import time
+
+import pytest
+import torch
+
+from pipelib.costmodel import PROFILES, get_profile
+from pipelib.device import Device, DeviceSpec, MemoryTracker, SimulatedOutOfMemoryError, WallClock
+from pipelib.trace import Kind
+
+
+def test_profile_lookup_errors_name_the_value():
+    with pytest.raises(ValueError, match="'nope'"):
+        get_profile("nope")
+    with pytest.raises(ValueError, match="'tpu'"):
+        DeviceSpec(kind="tpu")
+    with pytest.raises(ValueError, match="'sundial'"):
+        DeviceSpec(clock="sundial")
+
+
+def test_virtual_compute_takes_roofline_time_of_counted_flops():
+    dev = Device(spec=DeviceSpec("sim", "toy-gpu", "virtual"))
+    a = torch.randn(64, 32)
+    b = torch.randn(32, 16)
+    with dev.compute("mm"):
+        a @ b
+    (e,) = dev.tracer.events
+    assert e.kind is Kind.COMPUTE and e.start == 0.0
+    assert e.duration == pytest.approx(2 * 64 * 32 * 16 / PROFILES["toy-gpu"].flops)
+    with dev.compute("given", duration=0.5):
+        pass
+    assert dev.now() == pytest.approx(e.duration + 0.5)
+
+
+def test_wall_clock_sleeps_to_the_modelled_deadline():
+    dev = Device(spec=DeviceSpec("sim", "toy-gpu", "wall"))
+    t0 = time.perf_counter()
+    with dev.compute("padded", duration=0.2):
+        pass
+    real = time.perf_counter() - t0
+    (e,) = dev.tracer.events
+    assert abs(e.duration - 0.2) < 0.01 and abs(real - 0.2) < 0.01
+
+
+def test_saved_activations_counted_and_freed_parameters_excluded():
+    mem = MemoryTracker()
+    lin = torch.nn.Linear(100, 50)
+    mem.track_module(lin)
+    assert mem.bytes["parameters"] == (100 * 50 + 50) * 4
+    x = torch.randn(8, 100)
+    with mem.saved_activations():
+        y = torch.relu(lin(x))  # saves x (input of linear) and the relu output
+    assert mem.bytes["activations"] == (8 * 100 + 8 * 50) * 4
+    y.sum().backward()
+    del y
+    assert mem.bytes["activations"] == 0
+    mem.update_gradients(lin)
+    assert mem.bytes["gradients"] == mem.bytes["parameters"]
+    opt = torch.optim.Adam(lin.parameters())
+    opt.step()
+    mem.update_optimizer(opt)
+    assert mem.bytes["optimizer"] == 2 * mem.bytes["parameters"] + 2 * 4  # exp_avg, exp_avg_sq, 2 steps
+
+
+def test_simulated_out_of_memory_names_rank_need_and_capacity():
+    dev = Device(rank=3, spec=DeviceSpec("sim", get_profile("toy-gpu").with_memory(1000), "virtual"))
+    x = torch.randn(100, 10, requires_grad=True)
+    with pytest.raises(SimulatedOutOfMemoryError) as err:
+        with dev.memory.saved_activations():
+            (x.exp() * 2).sum()
+    msg = str(err.value)
+    assert "rank 3" in msg and "0.00 MiB" in msg and err.value.need > 1000 and err.value.capacity == 1000
+
+
+def test_wallclock_shared_epoch():
+    epoch = time.time() - 5
+    assert WallClock(epoch).now() == pytest.approx(5, abs=0.05)
