@@ -140,3 +140,48 @@ def median(xs):
 
 def relative_error(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), math.ulp(1.0))
+
+
+# ------------------------------------------------------------------ from the notebook
+def measure_strong(cluster, ks, total_units: int, serial_fraction: float, repeats: int = 1) -> list[dict]:
+    """Strong scaling on ranks 0..k-1 for each k; rank 0's clock at the end is the step time."""
+    times = []
+    for k in ks:
+        runs = []
+        for _ in range(repeats):
+            cluster.reset()
+            runs.append(cluster.run(strong_scaling_step, k, total_units, serial_fraction)[0])
+        times.append(median(runs))
+    return speedup_table(list(ks), times)
+
+
+def measure_weak(cluster, ks, serial_units: int, per_rank_units: int, repeats: int = 1) -> list[dict]:
+    """Weak scaling: T(k) with k workers against one rank doing the same scaled problem."""
+    rows = []
+    for k in ks:
+        tk, t1 = [], []
+        for _ in range(repeats):
+            cluster.reset()
+            tk.append(cluster.run(weak_scaling_step, k, serial_units, per_rank_units)[0])
+            cluster.reset()
+            t1.append(cluster.run(single_rank_step, serial_units + k * per_rank_units)[0])
+        rows.append({"k": k, "time": median(tk), "time_one_rank": median(t1),
+                     "scaled_speedup": median(t1) / median(tk)})
+    return rows
+
+
+def predict_strong_time(profile, k: int, total_units: int, serial_fraction: float) -> float:
+    """The step time the cost model predicts for `strong_scaling_step` on a simulated device.
+
+    Rank 0 computes the serial part, its messages arrive one link time later, every worker
+    computes its share, and the results travel back: T = max(rank 0's end, last arrival).
+    """
+    unit = unit_flops() / profile.flops
+    serial = round(total_units * serial_fraction)
+    par = total_units - serial
+    share = [par // k + (1 if r < par % k else 0) for r in range(k)]
+    link = profile.message_time(8 * 4)  # the input token and each result: 8 float32
+    t_serial = serial * unit
+    ends = [t_serial + share[0] * unit]
+    ends += [t_serial + link + share[r] * unit + link for r in range(1, k)]
+    return max(ends)

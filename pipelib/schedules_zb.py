@@ -1,0 +1,159 @@
+"""Zero-bubble schedules: backward split into I (input gradient) and W (weight gradient).
+
+Qi et al. 2023, "Zero Bubble Pipeline Parallelism" (ICLR 2024): only I is on the critical
+path between stages, because only the input gradient is sent to the previous stage. W needs no
+message, so it can be deferred into what would otherwise be bubbles. ZB-H1 keeps 1F1B's peak
+memory (at most p microbatches in flight on any rank) and cuts its bubble to about a third;
+ZB-V places two stages per rank in a V and, with equal F, I and W times, nearly removes it.
+DualPipeV is DeepSeek-V3's (2024) V-shaped DualPipe, pairing one microbatch's forward with
+another's backward so their communication can overlap.
+
+Orders follow torch.distributed.pipelining (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
+ScheduleDualPipeV), so the book can check them against each other. Chapter 13.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from pipelib.schedules import Action, Op, Schedule, _check_sizes, _looped_rank_ops, _rounds
+
+
+def _v_placement(p: int) -> tuple[int, ...]:
+    """Stage s on rank s for s < p, then back down: stage 2p-1-r on rank r (a V)."""
+    return tuple(range(p)) + tuple(reversed(range(p)))
+
+
+def zero_bubble_h1(p: int, m: int) -> Schedule:
+    """ZB-H1 (Qi et al. 2023): 1F1B with B split into I and W, W deferred on later ranks.
+
+    Rank r does min(p-1-r, m) warm-up forwards, then F, I pairs; from its (r+1)-th backward on,
+    each I is followed by the W of the oldest pending I, and the rest of the Ws close the step.
+    Deferring W by r steps on rank r fills the drain bubble: the bubble shrinks from
+    (p-1)(F+B) to (p-1)(F+I-W), a third of 1F1B's when F = I = W. At most p microbatches are in
+    flight on any rank, as in 1F1B. Same order as torch's ScheduleInterleavedZeroBubble with one
+    stage per rank (its ZB1P).
+    """
+    _check_sizes("zero_bubble_h1", p, m)
+    acts = tuple(tuple(_looped_rank_ops(p, m, 1, r, zero_bubble=True)) for r in range(p))
+    return Schedule(acts, p, m, tuple(range(p)), "zb_h1")
+
+
+def interleaved_zero_bubble(p: int, m: int, num_chunks: int = 2) -> Schedule:
+    """ZB1P with v = num_chunks looped stages per rank: interleaved 1F1B with ZB-H1's deferred W.
+
+    Stage s on rank s % p; warm-up (v-1)*round + (p-1-r) forwards. Accepts the same m as
+    `interleaved_1f1b`. Same order as torch's ScheduleInterleavedZeroBubble.
+    """
+    _check_sizes("interleaved_zero_bubble", p, m, num_chunks)
+    _rounds("interleaved_zero_bubble", p, m)
+    v = num_chunks
+    acts = tuple(tuple(_looped_rank_ops(p, m, v, r, zero_bubble=True)) for r in range(p))
+    return Schedule(acts, p * v, m, tuple(s % p for s in range(p * v)), "interleaved_zero_bubble")
+
+
+class _Emitter:
+    """Appends actions, numbering microbatches per (stage, op) in the order they are emitted."""
+
+    def __init__(self):
+        self.ops: list[Action] = []
+        self.count: Counter = Counter()
+
+    def __call__(self, stage: int, op: Op, microbatch: int | None = None) -> None:
+        if microbatch is None:
+            microbatch = self.count[stage, op]
+            self.count[stage, op] += 1
+        self.ops.append(Action(stage, op, microbatch))
+
+
+def _zbv_rank_ops(p: int, m: int, r: int) -> list[Action]:
+    n = max(2 * p - 1, m)  # torch plans for at least 2p-1 microbatches, then drops the extra
+    c0, c1 = r, 2 * p - 1 - r
+    e, F, I, W = _Emitter(), Op.F, Op.I, Op.W
+    for _ in range(2 * (p - r) - 1):
+        e(c0, F)
+    for _ in range(r):
+        e(c1, F), e(c0, F)
+    for _ in range(p - r):
+        e(c1, F), e(c1, I), e(c1, W)
+    while e.count[c1, F] < e.count[c0, F] or e.count[c0, F] < n:
+        if e.count[c0, F] < n:
+            e(c0, F)
+        e(c0, I), e(c0, W), e(c1, F), e(c1, I), e(c1, W)
+    for _ in range(r):
+        e(c0, I), e(c1, I)
+    for _ in range(p - r):
+        e(c0, I), e(c0, W)
+    for c in (c1, c0):
+        while e.count[c, W] < e.count[c, I]:
+            e(c, W)
+    return [a for a in e.ops if a.microbatch < m]
+
+
+def zbv(p: int, m: int) -> Schedule:
+    """ZB-V (Qi et al. 2023, section 6): two stages per rank in a V, I and W split.
+
+    Stage s lives on rank s for s < p and on rank 2p-1-s after, so rank 0 holds the first and
+    the last stage: the turn at the bottom of the V is local, and the warm-up fills both chunks.
+    With F = I = W the bubble all but vanishes as m grows, at 1F1B's peak activation memory.
+    Same order as torch's ScheduleZBVZeroBubble (any m >= 1; for m < 2p-1 it plans 2p-1
+    microbatches and drops the extra ones, as torch does).
+    """
+    _check_sizes("zbv", p, m)
+    acts = tuple(tuple(_zbv_rank_ops(p, m, r)) for r in range(p))
+    return Schedule(acts, 2 * p, m, _v_placement(p), "zbv")
+
+
+def _dualpipe_v_rank_ops(p: int, m: int, r: int) -> list[Action]:
+    c0, c1 = r, 2 * p - 1 - r
+    e, F, B, I, W = _Emitter(), Op.F, Op.B, Op.I, Op.W
+    pending_w: list[tuple[int, int]] = []
+
+    def backward(stage: int, split: bool) -> None:
+        j = e.count[stage, "bwd"]
+        e.count[stage, "bwd"] += 1
+        e(stage, I if split else B, j)
+        if split:
+            pending_w.append((stage, j))
+
+    def weight() -> None:
+        if pending_w:
+            e(pending_w[0][0], W, pending_w.pop(0)[1])
+
+    for _ in range(2 * (p - r - 1)):
+        e(c0, F)
+    for _ in range(r + 1):
+        e(c0, F), e(c1, F)
+    for _ in range(p - r - 1):
+        backward(c1, True), weight(), e(c1, F)
+    for _ in range(m - 2 * p + r + 1):  # the steady state: F of one chunk paired with B of the other
+        e(c0, F), backward(c1, False), e(c1, F), backward(c0, False)
+    for _ in range(p - r - 1):
+        backward(c1, False), e(c1, F), backward(c0, False)
+    split, half = False, (r + 1) // 2
+    for i in range(r + 1):
+        split = split or (i == half and r % 2 == 1)
+        backward(c1, split)
+        split = split or (i == half and r % 2 == 0)
+        backward(c0, split)
+    for _ in range(p - r - 1):
+        weight(), backward(c0, split)
+    for _ in range(r + 1):
+        weight()
+    return e.ops
+
+
+def dualpipe_v(p: int, m: int) -> Schedule:
+    """DualPipeV (DeepSeek-V3, 2024): a V of two stages per rank, F of one chunk beside B of the other.
+
+    In the steady state each rank runs a forward of one chunk next to a full backward of the
+    other chunk; on GPUs the two overlap so one's all-to-all hides behind the other's compute
+    (torch writes the pair as one OVERLAP_F_B action; here they are two actions, F first).
+    The cool-down splits backwards into I and W to fill the drain. Needs m >= 2p.
+    Same order as torch's ScheduleDualPipeV, with the overlapped pairs written out.
+    """
+    _check_sizes("dualpipe_v", p, m)
+    if m < 2 * p:
+        raise ValueError(f"dualpipe_v: num_microbatches m={m} < 2p = {2 * p} (p={p}); DualPipeV "
+                         f"needs at least as many microbatches as stages: use m >= {2 * p}")
+    acts = tuple(tuple(_dualpipe_v_rank_ops(p, m, r)) for r in range(p))
+    return Schedule(acts, 2 * p, m, _v_placement(p), "dualpipe_v")

@@ -1,0 +1,240 @@
+"""Predict a schedule's timeline: when each action runs, the bubble, and peak activation memory.
+
+`simulate(schedule, costs)` plays the schedule event by event. Each rank runs its actions in
+order; an action starts when its rank is free and its inputs have arrived: the F of stage s
+needs the F of stage s-1, the B or I of stage s needs its own F and the B or I of stage s+1, W
+needs its own I. A neighbour on another rank adds one message time (p2p); one on the same rank
+adds nothing. Messages from one rank to another queue on their link in send order.
+
+The output is a `pipelib.trace.Trace` of the same `Event`s the runtime records (COMPUTE per
+action, SEND and TRANSFER per message, RECV_WAIT while a rank waits for a message), so one
+figure draws predicted above measured, and the bubble is the idle time on the timeline.
+
+Introduced in chapter 10; the closed forms are derived in chapters 11 to 13.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping
+
+from pipelib.schedules import (
+    Action, Op, Schedule, ScheduleDeadlock, _check_channels, _check_counts, _check_placement,
+    _key, _messages, as_schedule, deadlock_message, dependencies,
+)
+from pipelib.trace import Event, Kind, Trace
+
+__all__ = ["Costs", "SimResult", "ScheduleDeadlock", "simulate", "bubble_closed_form"]
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds per action of one stage on one microbatch, and per message between ranks.
+
+    Defaults: F=1, B=2 (a backward does twice a forward's FLOPs: input and weight gradients),
+    I=W=1 (its two halves), no communication time. `p2p` is seconds per message or a function
+    of the message's bytes (e.g. `profile.message_time`). `stage_factor[s]` scales stage s's
+    compute (an unbalanced split). For interleaved schedules the costs are per stage chunk:
+    `costs.scaled(1 / v)` keeps the work per rank equal to a plain pipeline's.
+    """
+
+    F: float = 1.0
+    B: float = 2.0
+    I: float = 1.0  # noqa: E741
+    W: float = 1.0
+    p2p: float | Callable[[int], float] = 0.0
+    message_bytes: int = 0     # bytes of one activation or gradient sent between stages
+    activation_bytes: int = 0  # bytes one stage keeps for backward, per microbatch
+    stage_factor: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        bad = {k: getattr(self, k) for k in "FBIW" if getattr(self, k) < 0}
+        if bad or any(f < 0 for f in self.stage_factor):
+            raise ValueError(f"Costs must be >= 0, got {bad or {'stage_factor': self.stage_factor}}")
+
+    def compute(self, op: Op, stage: int) -> float:
+        scale = self.stage_factor[stage] if stage < len(self.stage_factor) else 1.0
+        return getattr(self, Op(op).value) * scale
+
+    def message(self) -> float:
+        return self.p2p(self.message_bytes) if callable(self.p2p) else float(self.p2p)
+
+    def scaled(self, factor: float) -> "Costs":
+        """Compute costs times `factor` (activation bytes too): one of v chunks is 1/v of a stage."""
+        return replace(self, F=self.F * factor, B=self.B * factor, I=self.I * factor,
+                       W=self.W * factor, activation_bytes=int(self.activation_bytes * factor))
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What `simulate` predicts. `events` is a Trace, drawn like a measured one."""
+
+    schedule: Schedule
+    costs: Costs
+    events: Trace
+    makespan: float
+    bubble: float                       # idle share of the step: 1 - busy / (ranks * makespan)
+    peak_inflight: tuple[int, ...]      # per rank: most (stage, microbatch) activations held
+    peak_bytes: tuple[int, ...]         # the same in bytes (costs.activation_bytes each)
+    times: Mapping[Action, tuple[float, float]] = field(repr=False)
+    memory: tuple[tuple[tuple[float, int], ...], ...] = field(repr=False)  # (time, held) per rank
+
+    @property
+    def bubble_relative(self) -> float:
+        """Idle time over compute time: (p-1)/m for GPipe, where `bubble` is (p-1)/(m+p-1)."""
+        return self.bubble / (1.0 - self.bubble) if self.bubble < 1 else float("inf")
+
+    def summary(self) -> str:
+        s = self.schedule
+        return (f"{s.name}: {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} "
+                f"microbatches; makespan {self.makespan:.6g} s, bubble {self.bubble:.1%} "
+                f"({self.bubble_relative:.1%} of compute); peak in flight per rank "
+                f"{list(self.peak_inflight)}")
+
+
+class _Sim:
+    """The mutable state of one simulation; `simulate` is its only user."""
+
+    def __init__(self, s: Schedule, costs: Costs):
+        self.s, self.costs = s, costs
+        self.pos = [0] * s.num_ranks
+        self.free = [0.0] * s.num_ranks
+        self.held = [0] * s.num_ranks
+        self.memory = [[(0.0, 0)] for _ in range(s.num_ranks)]
+        self.end: dict[tuple, float] = {}
+        self.arrival: dict[tuple, float] = {}
+        self.link_free: dict[tuple[int, int], float] = {}
+        self.times: dict[Action, tuple[float, float]] = {}
+        self.events: list[Event] = []
+
+    def inputs_at(self, rank: int, a: Action) -> tuple[float, int | None] | None:
+        """When `a`'s inputs are all there (and the rank it last waits for), or None if not yet."""
+        t, peer = 0.0, None
+        for st, ops, j in dependencies(self.s, a):
+            key = next(((st, op, j) for op in ops if (st, op, j) in self.end), None)
+            if key is None:
+                return None
+            if self.s.stage_to_rank[st] == rank:
+                t, peer = (self.end[key], None) if self.end[key] > t else (t, peer)
+            else:
+                arrive = self.arrival[("act" if a.op is Op.F else "grad", st, j)]
+                if arrive >= t:
+                    t, peer = arrive, self.s.stage_to_rank[st]
+        return t, peer
+
+    def run(self, rank: int, a: Action, ready: float, peer: int | None) -> None:
+        start = max(self.free[rank], ready)
+        if peer is not None and start > self.free[rank]:
+            self.events.append(Event(rank, Kind.RECV_WAIT, "wait", self.free[rank], start,
+                                     stage=a.stage, microbatch=a.microbatch, peer=peer))
+        end = start + self.costs.compute(a.op, a.stage)
+        self.held[rank] += {Op.F: 1, Op.B: -1, Op.W: -1}.get(a.op, 0)
+        self.memory[rank].append((end, self.held[rank]))
+        mem = self.held[rank] * self.costs.activation_bytes if self.costs.activation_bytes else None
+        self.events.append(Event(rank, Kind.COMPUTE, a.op.value, start, end, stage=a.stage,
+                                 microbatch=a.microbatch, memory=mem))
+        for direction, to, msg in _messages(self.s, rank, a):
+            if direction == "send":
+                self.send(rank, to, msg, end)
+        self.end[_key(a)], self.free[rank], self.times[a] = end, end, (start, end)
+
+    def send(self, rank: int, to: int, msg: tuple, at: float) -> None:
+        nbytes = self.costs.message_bytes
+        t0 = max(at, self.link_free.get((rank, to), 0.0))
+        t1 = t0 + self.costs.message()
+        self.link_free[rank, to] = self.arrival[msg] = t1
+        kind, stage, j = msg
+        self.events.append(Event(rank, Kind.SEND, kind, at, at, stage=stage, microbatch=j,
+                                 bytes=nbytes, peer=to))
+        self.events.append(Event(rank, Kind.TRANSFER, kind, t0, t1, stage=stage, microbatch=j,
+                                 bytes=nbytes, peer=to))
+
+    def advance(self) -> bool:
+        """Run every action whose inputs are known; False when nothing could run."""
+        moved = False
+        for rank, acts in enumerate(self.s.actions):
+            while self.pos[rank] < len(acts):
+                a = acts[self.pos[rank]]
+                got = self.inputs_at(rank, a)
+                if got is None:
+                    break
+                self.run(rank, a, *got)
+                self.pos[rank] += 1
+                moved = True
+        return moved
+
+
+def simulate(schedule, costs: Costs | None = None, *, order: str | None = None) -> SimResult:
+    """Play `schedule` under `costs` and return its timeline, bubble and peak memory.
+
+    The schedule's structure is checked first (each (stage, microbatch) forwarded and
+    backwarded once, F before B/I before W); pass `order="pair"` or `"kind"` to also check the
+    message order as `validate` does. A schedule that gets stuck raises `ScheduleDeadlock`
+    naming each blocked rank, the action it waits on and what that waits for.
+
+    Activation memory counts (stage, microbatch) pairs whose F is done and whose backward is
+    not: freed at B, or at W when the backward is split. That is an upper bound for zero-bubble
+    schedules, where most activations can go at I and only W's inputs stay (Qi et al. 2023).
+    """
+    s = as_schedule(schedule)
+    costs = Costs() if costs is None else costs
+    _check_placement(s)
+    _check_counts(s)
+    if order is not None:
+        _check_channels(s, order)
+    sim = _Sim(s, costs)
+    while sim.advance():
+        pass
+    if any(p < len(acts) for p, acts in zip(sim.pos, s.actions)):
+        raise ScheduleDeadlock(deadlock_message(s, sim.pos))
+    trace = Trace(sim.events, world_size=s.num_ranks)
+    peaks = tuple(max(n for _, n in mem) for mem in sim.memory)
+    return SimResult(
+        s, costs, trace, trace.span, trace.bubble_fraction(), peaks,
+        tuple(n * costs.activation_bytes for n in peaks), sim.times,
+        tuple(tuple(mem) for mem in sim.memory),
+    )
+
+
+def bubble_closed_form(name: str, p: int, m: int, v: int = 1, *, costs: Costs | None = None,
+                       relative: bool = False) -> float:
+    """The bubble of a named schedule from its formula, for uniform stages and free messages.
+
+    Two ways to state one bubble: as a share of the step, idle / (idle + busy), which is what
+    `simulate(...).bubble` measures, and relative to the ideal compute time, idle / busy
+    (`relative=True`). Per rank, with t = F + B:
+
+    - naive: idle (p-1) m t, busy m t: share (p-1)/p, relative p-1.
+    - gpipe, 1f1b (Huang et al. 2019; Narayanan et al. 2021): idle (p-1) t, busy m t: share
+      (p-1)/(m+p-1), relative (p-1)/m, whatever the ratio of B to F: fill and drain both scale.
+    - interleaved_1f1b (Narayanan et al., SC'21), costs per chunk: idle (p-1) t, busy v m t:
+      share (p-1)/(v m + p-1), relative (p-1)/(v m). Needs m >= p.
+    - zb_h1 (Qi et al. 2023): idle (p-1) max(F, F+I-W), busy m (F+I+W): with F = I = W, share
+      (p-1)/(3m + p-1), relative (p-1)/(3m), a third of 1F1B's. Needs m >= p.
+    - zbv, costs per chunk with F = I = W: idle (p-1) F (filling the V once), busy 2m (F+I+W):
+      relative (p-1)/(6m), near zero as m grows. Needs m >= 2p.
+    """
+    c = Costs() if costs is None else costs
+    t = c.F + c.B
+    need = {"interleaved_1f1b": p, "zb_h1": p, "zbv": 2 * p}.get(name, 1)
+    if p < 1 or m < 1 or v < 1:
+        raise ValueError(f"bubble_closed_form: need p, m, v >= 1, got p={p}, m={m}, v={v}")
+    if m < need:
+        raise ValueError(f"bubble_closed_form({name!r}): m={m} < {need} with p={p}: the pipeline "
+                         f"never reaches its steady state and no closed form holds; use simulate()")
+    if name == "naive":
+        idle, busy = (p - 1) * m * t, m * t
+    elif name in ("gpipe", "1f1b"):
+        idle, busy = (p - 1) * t, m * t
+    elif name == "interleaved_1f1b":
+        idle, busy = (p - 1) * t, v * m * t
+    elif name == "zb_h1":
+        idle, busy = (p - 1) * max(c.F, c.F + c.I - c.W), m * (c.F + c.I + c.W)
+    elif name == "zbv":
+        if not c.F == c.I == c.W:
+            raise ValueError(f"bubble_closed_form('zbv') holds for F = I = W only, got F={c.F}, "
+                             f"I={c.I}, W={c.W}; use simulate() for other costs")
+        idle, busy = (p - 1) * c.F, 2 * m * (c.F + c.I + c.W)
+    else:
+        raise ValueError(f"no closed form for schedule {name!r}; choose one of naive, gpipe, "
+                         f"1f1b, interleaved_1f1b, zb_h1, zbv, or use simulate()")
+    return idle / busy if relative else idle / (idle + busy)
