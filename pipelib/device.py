@@ -177,7 +177,9 @@ class MemoryTracker:
     # -- parameters, gradients, optimizer state
     def track_module(self, module) -> None:
         params = list(module.parameters())
-        self._param_ptrs |= {p.untyped_storage().data_ptr() for p in params}
+        # parameters and buffers (a causal mask, say) are already counted: a saved view of
+        # one of them is not an activation
+        self._param_ptrs |= {t.untyped_storage().data_ptr() for t in [*params, *module.buffers()]}
         self.set("parameters", sum(p.numel() * p.element_size() for p in params), "parameters")
         self.set("buffers", sum(b.numel() * b.element_size() for b in module.buffers()), "buffers")
 

@@ -31,3 +31,19 @@ def cluster_processes():
             except psutil.Error:
                 pass
     return out
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The last check of every run: no controller, engine or watchdog is left (within 10 s)."""
+    import time
+
+    deadline = time.monotonic() + 10
+    left = cluster_processes()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.25)
+        left = cluster_processes()
+    if left:
+        sys.stderr.write(f"\nFAILED: cluster processes left behind after the tests: {left}\n")
+        session.exitstatus = 1
+    else:
+        sys.stderr.write("\nno cluster process left behind\n")

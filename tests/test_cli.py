@@ -1,0 +1,22 @@
+"""`python -m pipelib check` runs the same library under torchrun (the multi-node path)."""
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_torchrun_check_three_ranks():
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = subprocess.run([torchrun, "--nproc-per-node", "3", "-m", "pipelib", "check", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    for r in range(3):
+        assert f"rank {r}/3" in out.stdout and "ping and all_reduce ok" in out.stdout
+
+
+def test_check_outside_torchrun_explains():
+    out = subprocess.run([sys.executable, "-m", "pipelib", "check"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "RANK"})
+    assert out.returncode == 2 and "torchrun" in out.stderr
