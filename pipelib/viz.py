@@ -77,18 +77,21 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
         title=f"{title} · bubble {100 * trace.bubble_fraction():.1f}% of {trace.world_size} × {span:.3g} {unit}",
         barmode="overlay", xaxis=dict(title=f"time ({unit})", range=[0, span * 1.02]),
         yaxis=dict(categoryorder="array", categoryarray=names[::-1]),
-        height=140 + 38 * trace.world_size, legend=dict(orientation="h", y=-0.25),
-        margin=dict(l=10, r=10, t=50, b=10), template="plotly_white",
+        height=260 + 38 * trace.world_size,
+        legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
+        margin=dict(l=10, r=10, t=90, b=40), template="plotly_white",
     )
     if animate and trace.events:
         cuts = [trace.end * (i + 1) / frames for i in range(frames)]
         fig.frames = [go.Frame(data=_bars(trace, t, show_kinds, scale), name=f"{i}") for i, t in enumerate(cuts)]
         fig.update_layout(
-            updatemenus=[dict(type="buttons", showactive=False, x=0, y=1.15, xanchor="left", buttons=[
+            updatemenus=[dict(type="buttons", showactive=False, x=0, y=0, xanchor="left", yanchor="top",
+                              pad=dict(t=45), buttons=[
                 dict(label="▶ play", method="animate",
                      args=[None, dict(frame=dict(duration=120, redraw=True), fromcurrent=False, transition=dict(duration=0))]),
             ])],
-            sliders=[dict(active=frames - 1, y=-0.05, currentvalue=dict(prefix="t = ", suffix=f" {unit}"), steps=[
+            sliders=[dict(active=frames - 1, x=0.12, len=0.88, y=0, yanchor="top", pad=dict(t=30),
+                          currentvalue=dict(prefix="t = ", suffix=f" {unit}"), steps=[
                 dict(label=f"{t * scale:.3g}", method="animate",
                      args=[[f"{i}"], dict(mode="immediate", frame=dict(duration=0, redraw=True))])
                 for i, t in enumerate(cuts)])],
