@@ -75,7 +75,9 @@ def unit_flops() -> int:
 
 
 def _scaling_step(k: int, serial_units: int, parallel_units_per_rank: list[int]):
-    """One run on ranks 0..k-1 of the world: serial, scatter the go, parallel, gather."""
+    """One run on ranks 0..k-1 of the world: serial, scatter the go, parallel, gather.
+
+    Returns the step time seen by each worker (rank 0's is the whole step)."""
     import torch
     import torch.distributed as dist
 
@@ -83,6 +85,8 @@ def _scaling_step(k: int, serial_units: int, parallel_units_per_rank: list[int])
     from .device import current
 
     dev, rank = current(), dist.get_rank()
+    dist.barrier()  # start together (wall clock); the virtual clock was reset to 0 on every rank
+    t0 = dev.clock.now()
     if rank >= k:
         return None
     g = torch.Generator().manual_seed(1234)
@@ -102,9 +106,9 @@ def _scaling_step(k: int, serial_units: int, parallel_units_per_rank: list[int])
         buf = torch.empty(8)
         for src in range(1, k):
             part += comms.recv(buf, src, label="result")
-        return dev.clock.now()
+        return dev.clock.now() - t0
     comms.send(part, 0, label="result")
-    return dev.clock.now()
+    return dev.clock.now() - t0
 
 
 def strong_scaling_step(k: int, total_units: int, serial_fraction: float):

@@ -30,8 +30,12 @@ def _rank_names(trace: Trace, kinds=(Kind.COMPUTE,)) -> list[str]:
 
 
 def _bars(trace: Trace, t_cut: float | None, show_kinds, scale: float):
-    """One bar trace per (kind, label) group, clipped at t_cut for animation frames."""
+    """One bar trace per (kind, label) group, clipped at t_cut for animation frames.
+
+    Times are drawn from the trace's first event (a wall-clock trace starts long after the epoch).
+    """
     names = _rank_names(trace)
+    t_first = trace.start
     groups: dict[tuple, list] = {}
     for e in trace.events:
         if e.kind not in show_kinds or e.duration <= 0:
@@ -43,7 +47,7 @@ def _bars(trace: Trace, t_cut: float | None, show_kinds, scale: float):
         color = LABEL_COLORS.get(label, KIND_COLORS[kind]) if kind == Kind.COMPUTE else KIND_COLORS[kind]
         out.append(go.Bar(
             name=label, orientation="h", y=[names[e.rank] for e in evs],
-            base=[e.start * scale for e in evs], x=[(end - e.start) * scale for e, end in zip(evs, ends)],
+            base=[(e.start - t_first) * scale for e in evs], x=[(end - e.start) * scale for e, end in zip(evs, ends)],
             marker=dict(color=color, line=dict(width=0.5, color="white")),
             opacity=1.0 if kind == Kind.COMPUTE else 0.75,
             text=[_label(e) for e in evs], hovertemplate="%{text}<extra></extra>",
@@ -72,7 +76,7 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     show_kinds = {Kind(k) for k in kinds}
     fig = go.Figure(_bars(trace, None, show_kinds, scale))
     names = _rank_names(trace)
-    span = trace.end * scale
+    span = trace.span * scale
     fig.update_layout(
         title=f"{title} · bubble {100 * trace.bubble_fraction():.1f}% of {trace.world_size} × {span:.3g} {unit}",
         barmode="overlay", xaxis=dict(title=f"time ({unit})", range=[0, span * 1.02]),
@@ -82,7 +86,7 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
         margin=dict(l=10, r=10, t=90, b=40), template="plotly_white",
     )
     if animate and trace.events:
-        cuts = [trace.end * (i + 1) / frames for i in range(frames)]
+        cuts = [trace.start + trace.span * (i + 1) / frames for i in range(frames)]
         fig.frames = [go.Frame(data=_bars(trace, t, show_kinds, scale), name=f"{i}") for i, t in enumerate(cuts)]
         fig.update_layout(
             updatemenus=[dict(type="buttons", showactive=False, x=0, y=0, xanchor="left", yanchor="top",
@@ -92,7 +96,7 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
             ])],
             sliders=[dict(active=frames - 1, x=0.12, len=0.88, y=0, yanchor="top", pad=dict(t=30),
                           currentvalue=dict(prefix="t = ", suffix=f" {unit}"), steps=[
-                dict(label=f"{t * scale:.3g}", method="animate",
+                dict(label=f"{(t - trace.start) * scale:.3g}", method="animate",
                      args=[[f"{i}"], dict(mode="immediate", frame=dict(duration=0, redraw=True))])
                 for i, t in enumerate(cuts)])],
         )
@@ -109,7 +113,7 @@ def memory_figure(trace: Trace, title: str = "Memory over time", unit: str = "ms
             continue
         xs, ys = [0.0], [0.0]
         for e in sorted(evs, key=lambda e: e.end):
-            xs.append(e.end * scale)
+            xs.append((e.end - trace.start) * scale)
             ys.append(e.memory / 2**20)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv", name=f"rank {r}",
                                  line=dict(color=PALETTE[r % len(PALETTE)])))
