@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import weakref
 
 import psutil
 
@@ -436,9 +435,9 @@ def _describe_errors(errors: dict, name: str) -> str:
     return "\n".join(lines)
 
 
-# Stop every cluster of this process on a normal interpreter exit. Killed kernels are the
-# watchdog's job.
-_LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+# Every running cluster of this process, held strongly so that one whose variable was
+# overwritten is still stopped on a normal interpreter exit. Killed kernels are the watchdog's job.
+_LIVE: "set[Cluster]" = set()
 
 
 @atexit.register

@@ -1,0 +1,47 @@
+"""Figures are drawn from events, deterministic, and render through the display bundle."""
+import json
+
+from pipelib.display import figure_bundle
+from pipelib.trace import Event, Kind, Trace
+from pipelib.viz import memory_figure, speedup_figure, timeline_figure
+
+
+def _trace(offset=0.0):
+    evs = [Event(0, Kind.COMPUTE, "F", offset + 0, offset + 1, stage=0, microbatch=0, memory=100),
+           Event(1, Kind.RECV_WAIT, "act", offset + 0, offset + 1, peer=0),
+           Event(1, Kind.COMPUTE, "F", offset + 1, offset + 2, stage=1, microbatch=0, memory=2**20)]
+    return Trace(evs, world_size=2)
+
+
+def test_timeline_rows_show_idle_share_and_animate():
+    fig = timeline_figure(_trace(), frames=4, unit="s")
+    names = {y for bar in fig.data for y in bar.y}
+    assert names == {"rank 0 · idle 50%", "rank 1 · idle 50%"}
+    assert len(fig.frames) == 4
+    # the first frame shows only what happened by t = span/4
+    widths = [x for bar in fig.frames[0].data for x in bar.x]
+    assert max(widths) == 0.5
+    assert "bubble 50.0%" in fig.layout.title.text
+
+
+def test_wall_clock_trace_is_drawn_from_its_first_event():
+    fig = timeline_figure(_trace(offset=1e6), animate=False, unit="s")
+    assert min(b for bar in fig.data for b in bar.base) == 0.0
+
+
+def test_memory_figure_steps_per_rank():
+    fig = memory_figure(_trace(), unit="s")
+    assert [t.name for t in fig.data] == ["rank 0", "rank 1"]
+    assert list(fig.data[1].y) == [0.0, 1.0]
+
+
+def test_bundle_is_deterministic_and_has_html_and_plotly_json():
+    a = figure_bundle(timeline_figure(_trace()))
+    b = figure_bundle(timeline_figure(_trace()))
+    assert a == b
+    assert set(a) == {"application/vnd.plotly.v1+json", "text/html", "text/plain"}
+    div = a["text/html"].split('id="', 1)[1].split('"', 1)[0]
+    assert div.startswith("fig-") and "cdn" not in a["text/html"].lower()
+    json.dumps(a["application/vnd.plotly.v1+json"])
+    other = figure_bundle(speedup_figure({"m": ([1, 2], [1, 1.8])}, {"law": ([1, 2], [1, 1.9])}))
+    assert other["text/html"].split('id="', 1)[1].split('"', 1)[0] != div
