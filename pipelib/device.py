@@ -175,13 +175,17 @@ class MemoryTracker:
         self.peak = self.total
 
     # -- parameters, gradients, optimizer state
-    def track_module(self, module) -> None:
-        params = list(module.parameters())
-        # parameters and buffers (a causal mask, say) are already counted: a saved view of
-        # one of them is not an activation
-        self._param_ptrs |= {t.untyped_storage().data_ptr() for t in [*params, *module.buffers()]}
+    def track_module(self, *modules) -> None:
+        """Count the parameters and buffers of `modules` (replacing what was tracked before).
+
+        Their storages are remembered so that a saved view of a weight or of a buffer (a causal
+        mask, say) is not counted again as an activation.
+        """
+        params = [p for m in modules for p in m.parameters()]
+        buffers = [b for m in modules for b in m.buffers()]
+        self._param_ptrs = {t.untyped_storage().data_ptr() for t in [*params, *buffers]}
         self.set("parameters", sum(p.numel() * p.element_size() for p in params), "parameters")
-        self.set("buffers", sum(b.numel() * b.element_size() for b in module.buffers()), "buffers")
+        self.set("buffers", sum(b.numel() * b.element_size() for b in buffers), "buffers")
 
     def update_gradients(self, module) -> None:
         self.set("gradients", sum(p.grad.numel() * p.grad.element_size() for p in module.parameters()

@@ -1,0 +1,312 @@
+"""The one pipeline executor: it runs any schedule and never asks which one it is.
+
+    stages = [Stage(module, s, S) for s, module in my_stages]         # this rank's stages
+    loss = execute(schedule, stages, batch, targets, F.cross_entropy, group)
+
+`execute` walks this rank's actions (`pipelib.schedules`) in order. Who sends what to whom
+follows from the actions: the F of stage s sends its output activation ("act", microbatch
+bytes x width) to the rank of stage s+1; the B or I of stage s sends the gradient of its input
+("grad", the same shape) to the rank of stage s-1; W sends nothing. Three rules make any schedule
+that `validate` accepts run without deadlock (DESIGN.md section 6):
+
+1. sends are non-blocking (`comms.isend`); their handles are kept until the step ends (a gloo
+   send whose handle is dropped crashes, and a blocking send deadlocks 1F1B: FACTS.md);
+2. a receive blocks just before the compute that needs it, and nowhere else;
+3. a neighbouring stage on the same rank (interleaved and V placements) is handed its input
+   locally, without a message.
+
+Messages carry a tag per (kind, sending stage): activations and gradients travel in separate
+queues, so V schedules (ZB-V, DualPipeV), whose activations and gradients between two ranks are
+interleaved differently on the two sides, need no reordering (validate(order="kind")).
+
+Introduced in chapter 10; chapters 11-13 run GPipe, 1F1B, interleaved and zero-bubble
+schedules through this same function.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import comms
+from .device import MemoryTracker, current
+from .pipeline_stage import Stage, partition, split_into_stages  # noqa: F401 (re-exported)
+from .schedules import GENERATORS, Op, Schedule, validate
+
+__all__ = ["Stage", "split_into_stages", "partition", "execute", "resolve_schedule",
+           "check_step", "train_step", "run_train_step", "monolith_step", "make_batch"]
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)
+_SPEC_LEN = 10                  # dtype code, ndim, up to 8 sizes
+_SHAPE_TAG = 1 << 20            # tags of the shape handshake, apart from the step's messages
+_ALIASES = {"one_f_one_b": "1f1b", "zero_bubble_h1": "zb_h1", "zbh1": "zb_h1", "GPipe": "gpipe"}
+
+
+def _tag(kind: str, from_stage: int) -> int:
+    """One message queue per (kind, sending stage): act from s -> 2s, grad from s -> 2s+1."""
+    return 2 * from_stage + (1 if kind == "grad" else 0)
+
+
+def _chunks(t: torch.Tensor, m: int, what: str) -> list[torch.Tensor]:
+    """Split along dim 0 into m equal microbatches, each its own storage (for memory counts)."""
+    if t is None:
+        raise ValueError(f"execute: this rank holds a stage that needs the {what}; pass it")
+    if t.shape[0] % m:
+        raise ValueError(f"{what} of {t.shape[0]} rows cannot be split into m={m} equal "
+                         f"microbatches; use a batch size that is a multiple of m")
+    return [c.clone() for c in t.chunk(m)]
+
+
+# ----------------------------------------------------------------------------- shapes
+def _encode(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() > _SPEC_LEN - 2 or t.dtype not in _DTYPES:
+        raise ValueError(f"stage outputs must be tensors of at most {_SPEC_LEN - 2} dims and dtype "
+                         f"in {_DTYPES}, got {tuple(t.shape)} {t.dtype}")
+    spec = [_DTYPES.index(t.dtype), t.dim(), *t.shape]
+    return torch.tensor(spec + [0] * (_SPEC_LEN - len(spec)), dtype=torch.int64)
+
+
+def _decode(spec: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    code, ndim, *sizes = spec.tolist()
+    return tuple(sizes[:ndim]), _DTYPES[code]
+
+
+def _exchange_shapes(s: Schedule, mine: dict[int, Stage], rank: int, group, first_input):
+    """(shape, dtype) of each of my stages' output, learnt once per step before any timing.
+
+    The receiver of a message must allocate its buffer, so it must know the shape. Stages are
+    visited in increasing order: stage s learns its input shape from stage s-1's rank (a small
+    untimed, untraced message, as torch.distributed.pipelining's shape inference), runs a
+    forward on zeros without autograd and tells stage s+1's rank.
+    """
+    out, in_spec, handles = {}, {}, []
+    for stage_id in sorted(mine):
+        prev = s.stage_to_rank[stage_id - 1] if stage_id > 0 else None
+        if stage_id == 0:
+            x = first_input
+        elif prev == rank:
+            shape, dtype = out[stage_id - 1]
+            x = torch.zeros(shape, dtype=dtype)
+        else:
+            spec = torch.empty(_SPEC_LEN, dtype=torch.int64)
+            src = prev if group is None else dist.get_global_rank(group, prev)
+            with current().activity.doing(f"recv the shape of stage {stage_id - 1}'s output "
+                                          f"from rank {src} (before the step)"):
+                dist.recv(spec, src, group=group, tag=_SHAPE_TAG + stage_id)
+            shape, dtype = _decode(spec)
+            x = torch.zeros(shape, dtype=dtype)
+        in_spec[stage_id] = (tuple(x.shape), x.dtype)
+        if stage_id == s.num_stages - 1:
+            continue
+        with torch.no_grad():
+            y = mine[stage_id].module(x)
+        out[stage_id] = (tuple(y.shape), y.dtype)
+        nxt = s.stage_to_rank[stage_id + 1]
+        if nxt != rank:
+            dst = nxt if group is None else dist.get_global_rank(group, nxt)
+            handles.append(dist.isend(_encode(y), dst, group=group, tag=_SHAPE_TAG + stage_id + 1))
+    for work in handles:
+        work.wait()
+    return in_spec, out
+
+
+# ----------------------------------------------------------------------------- the executor
+def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group=None, *,
+            costs=None, stats: dict | None = None):
+    """Run this rank's actions of `schedule` once: one training step's forward and backward.
+
+    `stages`: this rank's `Stage`s (those `schedule.stages_of(rank)` names). `batch` is needed
+    on the rank of stage 0 and `targets` on the rank of the last stage (None elsewhere); both
+    are split into `schedule.num_microbatches` microbatches along dim 0. Each microbatch's loss
+    is scaled by 1/m, so the returned loss is the mean over microbatches and the gradients equal
+    the whole batch's. Gradients accumulate into the parameters' .grad (zero them between steps).
+
+    `group`: the schedule's ranks are ranks 0..n-1 of `group`; its other ranks have no work.
+    `costs` (a `pipelib.simulate.Costs`): give each op that modelled duration on a simulated
+    device, so the timeline can be compared with `simulate`; without it, FLOPs are counted.
+    `stats`, if a dict, receives peak_activation_bytes (this rank's saved activations at their
+    most), messages and bytes_sent.
+
+    Returns the loss (a 0-dim tensor) on the rank of the last stage, None elsewhere.
+    """
+    s = validate(schedule, order="kind")  # cheap, and identical on every rank: fails everywhere
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if size < s.num_ranks:
+        raise ValueError(f"schedule {s.name!r} needs {s.num_ranks} ranks but the group has {size}")
+    if rank >= s.num_ranks:
+        return None
+    stages = list(stages.values()) if isinstance(stages, dict) else list(stages)
+    mine = {st.index: st for st in stages}
+    want = s.stages_of(rank)
+    if sorted(mine) != list(want) or any(st.num_stages != s.num_stages for st in stages):
+        raise ValueError(f"rank {rank} runs stages {list(want)} of {s.num_stages} in schedule "
+                         f"{s.name!r} but was given {[f'{st.index} of {st.num_stages}' for st in stages]}")
+    m, last = s.num_microbatches, s.num_stages - 1
+    xs = _chunks(batch, m, "batch") if 0 in mine else None
+    ys = _chunks(targets, m, "targets") if last in mine else None
+    in_spec, out_spec = _exchange_shapes(s, mine, rank, group, xs[0] if xs else None)
+
+    dev = current()
+    local: dict[tuple, torch.Tensor] = {}   # (kind, from_stage, microbatch) -> handed over here
+    sends: list[comms.Handle] = []
+    losses = []
+    base = dev.memory.bytes["activations"]
+    peak = 0
+
+    def take(kind: str, from_stage: int, a) -> torch.Tensor:
+        """The input `a` needs: handed over locally, or received (blocking here, just before a)."""
+        src = s.stage_to_rank[from_stage]
+        if src == rank:
+            return local.pop((kind, from_stage, a.microbatch))
+        shape, dtype = in_spec[a.stage] if kind == "act" else out_spec[a.stage]
+        h = comms.irecv(torch.empty(shape, dtype=dtype), src, group, tag=_tag(kind, from_stage),
+                        label=f"{kind} for {a}", stage=from_stage, microbatch=a.microbatch)
+        return h.wait()  # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
+
+    def give(kind: str, from_stage: int, microbatch: int, tensor: torch.Tensor) -> None:
+        dst = s.stage_to_rank[from_stage + (1 if kind == "act" else -1)]
+        if dst == rank:
+            local[kind, from_stage, microbatch] = tensor
+        else:
+            sends.append(comms.isend(tensor, dst, group, tag=_tag(kind, from_stage), label=kind,
+                                     stage=from_stage, microbatch=microbatch))
+
+    for a in s.actions[rank]:
+        st, j = mine[a.stage], a.microbatch
+        duration = None if costs is None else costs.compute(a.op, a.stage)
+        if a.op is Op.F:
+            x = xs[j] if st.is_first else take("act", a.stage - 1, a)
+            with dev.compute("F", stage=a.stage, microbatch=j, duration=duration):
+                out = st.forward(j, x, ys[j] if st.is_last else None, loss_fn, 1.0 / m)
+            peak = max(peak, dev.memory.bytes["activations"] - base)
+            if st.is_last:
+                losses.append(out)
+            else:
+                give("act", a.stage, j, out)
+        elif a.op in (Op.B, Op.I):
+            grad = None if st.is_last else take("grad", a.stage + 1, a)
+            with dev.compute(a.op.value, stage=a.stage, microbatch=j, duration=duration):
+                gin = st.backward(j, grad) if a.op is Op.B else st.backward_input(j, grad)
+            if not st.is_first:
+                give("grad", a.stage, j, gin)
+        else:
+            with dev.compute("W", stage=a.stage, microbatch=j, duration=duration):
+                st.backward_weight(j)
+    comms.wait_all(sends)
+    if stats is not None:
+        stats.update(peak_activation_bytes=peak, messages=len(sends),
+                     bytes_sent=sum(h.nbytes for h in sends))
+    return torch.stack(losses).sum() if losses else None
+
+
+# ----------------------------------------------------------------------------- one training step
+def resolve_schedule(schedule, p: int | None = None, m: int | None = None,
+                     num_chunks: int = 2) -> Schedule:
+    """A `Schedule` from a name in `pipelib.schedules.GENERATORS` (with p, m) or a Schedule/dict."""
+    if not isinstance(schedule, str):
+        from .schedules import as_schedule
+
+        return as_schedule(schedule)
+    name = _ALIASES.get(schedule, schedule)
+    if name not in GENERATORS:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of {sorted(GENERATORS)} "
+                         f"or pass a Schedule")
+    if p is None or m is None:
+        raise ValueError(f"schedule {schedule!r} by name needs p (ranks) and m (microbatches)")
+    if name in ("interleaved_1f1b", "interleaved_zero_bubble"):
+        return GENERATORS[name](p, m, num_chunks)
+    return GENERATORS[name](p, m)
+
+
+def check_step(schedule, p=None, m=None, model_config=None, batch_size=None, *,
+               num_chunks: int = 2, world_size: int | None = None) -> Schedule:
+    """Every check of a training step that needs no engine; run it in the notebook first.
+
+    Raises a ValueError naming the values for: an unknown schedule name, m < 1, a schedule that
+    deadlocks or whose messages cannot be matched (`validate`), more stages than layers, a batch
+    not divisible by m, more ranks than the cluster has. Returns the Schedule.
+    """
+    s = validate(resolve_schedule(schedule, p, m, num_chunks), order="kind")
+    if model_config is not None:
+        partition(model_config.num_layers, s.num_stages)
+    if batch_size is not None and batch_size % s.num_microbatches:
+        raise ValueError(f"batch_size={batch_size} cannot be split into m={s.num_microbatches} "
+                         f"equal microbatches; use a multiple of {s.num_microbatches}")
+    if world_size is not None and s.num_ranks > world_size:
+        raise ValueError(f"schedule {s.name!r} needs {s.num_ranks} ranks; the cluster has {world_size}")
+    return s
+
+
+def make_batch(model_config, batch_size: int, seed: int = 0):
+    """A random classification batch for the MLP, from a private generator: (x, y)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, model_config.in_features, generator=g)   # (B, in_features)
+    y = torch.randint(0, model_config.out_features, (batch_size,), generator=g)  # (B,)
+    return x, y
+
+
+def monolith_step(model_config, batch_size: int, batch_seed: int = 0, *, model_seed: int = 0,
+                  dtype=torch.float32):
+    """The reference: one forward and backward of the whole MLP in one process: (loss, grads)."""
+    from .model import MLP
+
+    model = MLP(model_config, seed=model_seed).to(dtype)
+    x, y = make_batch(model_config, batch_size, batch_seed)
+    loss = F.cross_entropy(model(x.to(dtype)), y)
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def train_step(schedule, p: int | None = None, m: int | None = None, model_config=None,
+               batch_seed: int = 0, *, batch_size: int | None = None, model_seed: int = 0,
+               num_chunks: int = 2, balance="layers", costs=None, group=None,
+               dtype=torch.float32, stats: bool = False):
+    """Run on every engine: build the MLP from a seed, keep this rank's stages, run one step.
+
+    Every rank builds the same model (same seed) and the same batch (batch_size rows, default
+    2 per microbatch), splits the layers into the schedule's stages and keeps its own, then
+    calls `execute`. Returns (loss or None, {monolith parameter name: gradient}) for this rank's
+    stages, so the notebook can compare with `monolith_step`; with stats=True, also the dict
+    `execute` fills. Ranks of the group outside the schedule return None.
+    """
+    from .model import MLP, MLPConfig
+
+    model_config = model_config or MLPConfig()
+    s = resolve_schedule(schedule, p, m, num_chunks)
+    batch_size = batch_size or 2 * s.num_microbatches
+    rank = dist.get_rank(group)
+    if rank < 0 or rank >= s.num_ranks:
+        return None
+    model = MLP(model_config, seed=model_seed).to(dtype)
+    bounds = partition(len(model.layers), s.num_stages, balance,
+                       [sum(q.numel() for q in layer.parameters()) for layer in model.layers])
+    modules = split_into_stages(model.layers, s.num_stages, [len(b) for b in bounds])
+    mine = [Stage(modules[k], k, s.num_stages) for k in s.stages_of(rank)]
+    dev = current()
+    # A fresh tracker: this step's model is new, and pointers of earlier models' parameters
+    # must not hide this step's activations.
+    dev.memory = MemoryTracker(dev.rank, dev.memory.capacity)
+    dev.memory.track_module(nn.ModuleList(st.module for st in mine))
+    x, y = make_batch(model_config, batch_size, batch_seed)
+    info: dict = {}
+    loss = execute(s, mine, x.to(dtype), y, F.cross_entropy, group, costs=costs, stats=info)
+    grads = {}
+    for st in mine:
+        first = bounds[st.index].start
+        for name, prm in st.module.named_parameters():
+            k, _, rest = name.partition(".")
+            grads[f"layers.{first + int(k)}.{rest}"] = prm.grad
+    return (loss, grads, info) if stats else (loss, grads)
+
+
+def run_train_step(cluster, schedule, p=None, m=None, model_config=None, batch_seed: int = 0,
+                   **kw) -> list:
+    """Check everything in the notebook process (`check_step`), then `train_step` on every rank."""
+    from .model import MLPConfig
+
+    s = check_step(schedule, p, m, model_config or MLPConfig(), kw.get("batch_size"),
+                   num_chunks=kw.get("num_chunks", 2), world_size=cluster.world_size)
+    return cluster.run(train_step, s, None, None, model_config, batch_seed, **kw)

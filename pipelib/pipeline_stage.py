@@ -1,0 +1,239 @@
+"""Cutting a model into pipeline stages, and one stage's four compute ops: F, B, I, W.
+
+A pipeline stage is a contiguous slice of the model's layers (GPipe, Huang et al. 2019). The
+model knows nothing of this (DESIGN.md section 7): `split_into_stages(model.layers, p)` takes
+its layers from the outside and returns p `nn.Sequential`s.
+
+A `Stage` runs one slice on one microbatch at a time and keeps, per microbatch, what backward
+needs (the *stash*: the stage input, each layer's output and the autograd graph). Its ops:
+
+- F `forward`: stage input -> stage output (the last stage also computes the loss);
+- B `backward`: gradient of the output -> gradient of the input, weight gradients accumulated;
+- I `backward_input` and W `backward_weight`: B split in two, as in Zero Bubble (Qi et al.
+  2023). I computes only the input gradient (the one the previous stage waits for) and keeps
+  the gradient at each layer's output; W later turns those into weight gradients, layer by
+  layer, so the matmuls of B are split between I and W exactly once each.
+
+Introduced in chapter 10 (split, F, B) and chapter 13 (I, W).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+import torch.nn as nn
+
+from .device import current
+
+BALANCES = ("layers", "cost")
+
+
+# ----------------------------------------------------------------------------- partitioning
+def _even(n: int, p: int) -> list[int]:
+    """Layers per stage, as equal as can be; the first n % p stages get one more."""
+    return [n // p + (1 if i < n % p else 0) for i in range(p)]
+
+
+def _min_max(costs: Sequence[float], p: int) -> list[int]:
+    """Contiguous split of `costs` into p non-empty parts minimising the largest part's sum.
+
+    Dynamic programming over (layers used, stages used), O(n^2 p): the book's models have tens
+    of layers. Among equally good splits the first one found wins (deterministic).
+    """
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(p + 1)]  # best[k][i]: first i layers in k stages
+    cut = [[0] * (n + 1) for _ in range(p + 1)]
+    best[0][0] = 0.0
+    for k in range(1, p + 1):
+        for i in range(k, n - (p - k) + 1):
+            for j in range(k - 1, i):
+                worst = max(best[k - 1][j], prefix[i] - prefix[j])
+                if best[k][i] == inf or worst < best[k][i] * (1 - 1e-12):
+                    best[k][i], cut[k][i] = worst, j
+    sizes, i = [], n
+    for k in range(p, 0, -1):
+        sizes.append(i - cut[k][i])
+        i = cut[k][i]
+    return sizes[::-1]
+
+
+def layer_cost(layer: nn.Module) -> int:
+    """A layer's cost for balancing: its parameter count (a Linear's FLOPs per sample are 2x that)."""
+    return sum(p.numel() for p in layer.parameters())
+
+
+def partition(num_layers: int, num_stages: int, balance="layers",
+              costs: Sequence[float] | None = None) -> list[range]:
+    """Which layers each stage gets: a list of `num_stages` contiguous, non-empty ranges.
+
+    `balance`: "layers" (equal layer counts), "cost" (minimise the most expensive stage under
+    `costs`, one number per layer), or a list of layer counts per stage (torchgpipe's
+    `balance=`).
+    """
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
+        raise ValueError(f"num_stages={num_stages!r}; pass an integer >= 1")
+    if num_stages > num_layers:
+        raise ValueError(f"cannot split {num_layers} layers into num_stages={num_stages} stages: "
+                         f"every stage needs at least one layer; use num_stages <= {num_layers} "
+                         f"or a model with more layers")
+    if isinstance(balance, str):
+        if balance == "layers":
+            sizes = _even(num_layers, num_stages)
+        elif balance == "cost":
+            if costs is None or len(costs) != num_layers:
+                raise ValueError(f"balance='cost' needs one cost per layer: got "
+                                 f"{None if costs is None else len(costs)} costs for {num_layers} layers")
+            sizes = _min_max(list(costs), num_stages)
+        else:
+            raise ValueError(f"balance={balance!r}; use one of {BALANCES} or a list of layer "
+                             f"counts per stage")
+    else:
+        sizes = list(balance)
+        if (len(sizes) != num_stages or sum(sizes) != num_layers
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)):
+            raise ValueError(f"balance={sizes} must list num_stages={num_stages} positive layer "
+                             f"counts summing to num_layers={num_layers}")
+    bounds, start = [], 0
+    for size in sizes:
+        bounds.append(range(start, start + size))
+        start += size
+    return bounds
+
+
+def split_into_stages(layers, num_stages: int, balance="layers") -> list[nn.Sequential]:
+    """Cut a list of modules run in order (e.g. `MLP.layers`) into `num_stages` `nn.Sequential`s.
+
+    The modules are shared, not copied: stage k's parameters *are* the model's. With
+    balance="cost" the stages get about equal parameter counts (see `partition`).
+    """
+    layers = list(layers)
+    costs = [layer_cost(layer) for layer in layers] if balance == "cost" else None
+    return [nn.Sequential(*layers[r.start:r.stop])
+            for r in partition(len(layers), num_stages, balance, costs)]
+
+
+# ----------------------------------------------------------------------------- one stage
+@dataclass
+class _Stash:
+    """What one microbatch leaves on a stage between its F and its backward."""
+
+    input: torch.Tensor                  # the stage input (requires grad unless stage 0)
+    outputs: list[torch.Tensor]          # each layer's output, in order
+    root: torch.Tensor                   # what backward starts from: the output, or the loss
+    output_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # set by I, used by W
+
+
+class Stage:
+    """One pipeline stage: a module, its place in the pipeline, and the per-microbatch stash.
+
+    `module` is run layer by layer when it is an `nn.Sequential` (so W can compute each layer's
+    weight gradient on its own), else as one layer.
+    """
+
+    def __init__(self, module: nn.Module, index: int, num_stages: int):
+        if not 0 <= index < num_stages:
+            raise ValueError(f"stage index {index} is outside 0..{num_stages - 1}")
+        self.module, self.index, self.num_stages = module, index, num_stages
+        self.layers = list(module) if isinstance(module, nn.Sequential) else [module]
+        self.stash: dict[int, _Stash] = {}
+
+    def __repr__(self) -> str:
+        return (f"Stage({self.index} of {self.num_stages}, {len(self.layers)} layers, "
+                f"{len(self.stash)} microbatches stashed)")
+
+    @property
+    def is_first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.index == self.num_stages - 1
+
+    def _take(self, microbatch: int, op: str, keep: bool = False) -> _Stash:
+        if microbatch not in self.stash:
+            raise RuntimeError(f"stage {self.index}: {op} of microbatch {microbatch} before its "
+                               f"forward (stashed: {sorted(self.stash)})")
+        return self.stash[microbatch] if keep else self.stash.pop(microbatch)
+
+    def forward(self, microbatch: int, x: torch.Tensor, target=None,
+                loss_fn: Callable | None = None, scale: float = 1.0) -> torch.Tensor:
+        """F: run the layers on `x`, stash what backward needs, return a detached output.
+
+        The last stage returns `loss_fn(output, target) * scale` instead (scale = 1/m makes the
+        step's loss the mean over microbatches). Saved activations are counted on this rank's
+        memory tracker while they live.
+        """
+        if self.is_last and loss_fn is None:
+            raise ValueError(f"stage {self.index} is the last stage: pass loss_fn (and target)")
+        x = x.detach()
+        if not self.is_first:
+            x.requires_grad_(True)
+        with current().memory.saved_activations():
+            h, outputs = x, []
+            for layer in self.layers:
+                h = layer(h)
+                outputs.append(h)
+            root = loss_fn(h, target) * scale if self.is_last else h
+        self.stash[microbatch] = _Stash(x, outputs, root)
+        return root.detach()
+
+    def _check_grad(self, grad_output):
+        if not self.is_last and grad_output is None:
+            raise ValueError(f"stage {self.index}: backward needs the gradient of its output")
+        return None if self.is_last else grad_output
+
+    def backward(self, microbatch: int, grad_output: torch.Tensor | None = None):
+        """B: input gradient (returned; None on stage 0) and weight gradients (into .grad)."""
+        grad_output = self._check_grad(grad_output)
+        st = self._take(microbatch, "B")
+        torch.autograd.backward(st.root, grad_output)
+        return None if self.is_first else st.input.grad
+
+    def _weighted(self) -> list[tuple[int, list[nn.Parameter]]]:
+        out = []
+        for k, layer in enumerate(self.layers):
+            params = [p for p in layer.parameters() if p.requires_grad]
+            if params:
+                out.append((k, params))
+        return out
+
+    def backward_input(self, microbatch: int, grad_output: torch.Tensor | None = None):
+        """I: only the input gradient (returned); keeps the gradient at each weighted layer's output.
+
+        One autograd pass from the root to the stage input and to the outputs of the layers
+        that have weights: every matmul computes its input gradient only. The graph is kept
+        (retain_graph) for W.
+        """
+        grad_output = self._check_grad(grad_output)
+        st = self._take(microbatch, "I", keep=True)
+        wanted = [] if self.is_first else [st.input]
+        layer_ids = []
+        for k, _ in self._weighted():
+            if st.outputs[k] is st.root:  # the stage output itself: its gradient is grad_output
+                st.output_grads[k] = grad_output
+            else:
+                layer_ids.append(k)
+                wanted.append(st.outputs[k])
+        grads = (torch.autograd.grad(st.root, wanted, grad_output, retain_graph=True)
+                 if wanted else ())
+        skip = 0 if self.is_first else 1
+        st.output_grads.update(zip(layer_ids, grads[skip:]))
+        return None if self.is_first else grads[0]
+
+    def backward_weight(self, microbatch: int) -> None:
+        """W: weight gradients from what I kept, accumulated into .grad; frees the stash."""
+        st = self._take(microbatch, "W")
+        if not st.output_grads and self._weighted():
+            raise RuntimeError(f"stage {self.index}: W of microbatch {microbatch} before its I")
+        for k, params in self._weighted():
+            grads = torch.autograd.grad(st.outputs[k], params, st.output_grads[k], retain_graph=True)
+            for p, g in zip(params, grads):
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)

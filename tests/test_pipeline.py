@@ -1,0 +1,238 @@
+"""The pipeline executor on the live cluster: every schedule equals the monolith, its timeline
+equals `simulate`, its activation memory is what theory says, and bad input fails early."""
+import pytest
+import torch
+
+from pipelib.costmodel import get_profile
+from pipelib.model import MLPConfig
+from pipelib.pipeline import (
+    check_step, monolith_step, partition, resolve_schedule, run_train_step, split_into_stages,
+    train_step,
+)
+from pipelib.schedules import Action, ScheduleDeadlock, as_schedule
+from pipelib.simulate import Costs, simulate
+from pipelib.trace import Kind
+
+pytestmark = pytest.mark.cluster
+
+CFG = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=8)
+ROWS = 2  # rows per microbatch
+SCHEDULES = ["naive", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv",
+             "interleaved_zero_bubble", "dualpipe_v"]
+PS = [2, 3, 4]
+
+
+def ms(p):
+    return sorted({1, 2, max(1, p - 1), p, 2 * p, 4 * p})
+
+
+def cases(p):
+    out = []
+    for name in SCHEDULES:
+        for m in ms(p):
+            try:
+                resolve_schedule(name, p, m)
+            except ValueError:
+                continue  # not defined for this (p, m), e.g. interleaved's m rule
+            out.append((name, m))
+    return out
+
+
+def _run_cases(p, todo):
+    """On every engine: one train_step per case (ranks >= p have no work and return None)."""
+    return [train_step(name, p, m, CFG, batch_seed=m) for name, m in todo]
+
+
+@pytest.fixture(scope="module", params=PS, ids=[f"p{p}" for p in PS])
+def matrix(request, cluster4):
+    p = request.param
+    todo = cases(p)
+    for name, m in todo:  # everything is checked here, before any engine works
+        check_step(name, p, m, CFG, ROWS * m, world_size=cluster4.world_size)
+    per_rank = cluster4.run(_run_cases, p, todo, timeout=120)
+    return p, {case: [per_rank[r][i] for r in range(p)] for i, case in enumerate(todo)}
+
+
+def _merge(results):
+    losses = [r[0] for r in results if r[0] is not None]
+    grads = {}
+    for _, g in results:
+        assert not set(g) & set(grads), "two ranks returned the same parameter"
+        grads.update(g)
+    return losses, grads
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_every_schedule_equals_the_monolith(matrix, name):
+    p, results = matrix
+    ran = [m for (n, m) in results if n == name]
+    assert ran, f"{name} ran for no m with p={p}"
+    for m in ran:
+        losses, grads = _merge(results[name, m])
+        ref_loss, ref_grads = monolith_step(CFG, ROWS * m, batch_seed=m)
+        assert len(losses) == 1, f"{name} p={p} m={m}: one rank returns the loss"
+        torch.testing.assert_close(losses[0], ref_loss, msg=lambda e: f"{name} p={p} m={m}: {e}")
+        assert set(grads) == set(ref_grads)
+        for k in ref_grads:
+            torch.testing.assert_close(grads[k], ref_grads[k], msg=lambda e: f"{name} p={p} m={m} {k}: {e}")
+
+
+def test_the_matrix_covers_every_schedule_and_m():
+    assert ("interleaved_1f1b", 16) in cases(4) and ("zbv", 1) in cases(2)
+    assert {m for n, m in cases(3) if n == "1f1b"} == {1, 2, 3, 6, 12}
+
+
+# ----------------------------------------------------------------------------- timeline
+def _timed(name, p, m, costs):
+    return train_step(name, p, m, CFG, batch_seed=0, costs=costs)
+
+
+@pytest.mark.parametrize("name,p,m", [("gpipe", 4, 4), ("1f1b", 4, 8), ("interleaved_1f1b", 4, 8),
+                                      ("zb_h1", 3, 6), ("zbv", 4, 8), ("naive", 2, 3),
+                                      ("dualpipe_v", 2, 4)])
+def test_measured_timeline_equals_simulate(cluster4, name, p, m):
+    profile = get_profile(cluster4.spec.profile)
+    costs = Costs(F=1e-3, B=2e-3, I=1e-3, W=1e-3, p2p=profile.message_time,
+                  message_bytes=ROWS * CFG.hidden * 4)
+    cluster4.reset()
+    cluster4.run(_timed, name, p, m, costs)
+    measured = cluster4.trace().filter(kind=Kind.COMPUTE)
+    predicted = simulate(resolve_schedule(name, p, m), costs).events.filter(kind=Kind.COMPUTE)
+    assert len(measured) == len(predicted) == sum(len(a) for a in resolve_schedule(name, p, m).actions)
+    for r in range(p):
+        got = [(e.label, e.stage, e.microbatch, e.start, e.end) for e in measured.filter(rank=r)]
+        want = [(e.label, e.stage, e.microbatch, e.start, e.end) for e in predicted.filter(rank=r)]
+        assert [g[:3] for g in got] == [w[:3] for w in want], f"rank {r} ran another order"
+        for g, w in zip(got, want):
+            assert g[3:] == pytest.approx(w[3:], abs=1e-12), f"rank {r} {g[:3]}: {g[3:]} != {w[3:]}"
+
+
+def _sends(name, p, m):
+    from pipelib.device import current
+
+    train_step(name, p, m, CFG, batch_seed=0)
+    return [(e.label, e.stage, e.microbatch, e.peer) for e in current().tracer.take()
+            if e.kind == Kind.SEND]
+
+
+def test_sends_are_labelled_and_neighbours_on_one_rank_send_nothing(cluster4):
+    cluster4.reset()
+    sends = cluster4.run(_sends, "zbv", 2, 2)
+    # ZB-V on 2 ranks: stages 0,3 on rank 0 and 1,2 on rank 1. 1->2 and 3->... are local.
+    assert sorted(sends[0]) == sorted([("act", 0, j, 1) for j in range(2)] + [("grad", 3, j, 1) for j in range(2)])
+    assert sorted(sends[1]) == sorted([("act", 2, j, 0) for j in range(2)] + [("grad", 1, j, 0) for j in range(2)])
+
+
+# ----------------------------------------------------------------------------- memory
+def _memory(name, p, m):
+    return train_step(name, p, m, CFG, batch_seed=0, stats=True)
+
+
+def test_peak_activation_memory_gpipe_m_and_1f1b_p_minus_rank(cluster4):
+    p, m = 4, 8
+    per_mb = [r[2]["peak_activation_bytes"] for r in cluster4.run(_memory, "naive", p, m)]
+    gp = [r[2]["peak_activation_bytes"] for r in cluster4.run(_memory, "gpipe", p, m)]
+    ofob = [r[2]["peak_activation_bytes"] for r in cluster4.run(_memory, "1f1b", p, m)]
+    assert all(b > 0 for b in per_mb)
+    assert gp == [m * b for b in per_mb]
+    assert ofob == [min(p - r, m) * b for r, b in enumerate(per_mb)]
+    # rank 1 runs layers 2 and 3, each Linear then ReLU, on (2, 16) floats (128 B): it keeps the
+    # received input (Linear 2), ReLU 2's output (also Linear 3's input) and ReLU 3's output
+    assert per_mb[1] == 3 * ROWS * CFG.hidden * 4
+
+
+# ----------------------------------------------------------------------------- groups
+def _subgroup():
+    import torch.distributed as dist
+
+    group = dist.new_group([2, 3])
+    if dist.get_rank() in (2, 3):
+        return train_step("1f1b", 2, 4, CFG, batch_seed=4, group=group)
+    return None
+
+
+def test_a_pipeline_on_a_subgroup(cluster4):
+    res = cluster4.run(_subgroup)
+    assert res[:2] == [None, None]
+    losses, grads = _merge(res[2:])
+    ref_loss, ref_grads = monolith_step(CFG, ROWS * 4, batch_seed=4)
+    torch.testing.assert_close(losses[0], ref_loss)
+    for k in ref_grads:
+        torch.testing.assert_close(grads[k], ref_grads[k])
+
+
+# ----------------------------------------------------------------------------- faults
+def _rank0_never_sends():
+    """Rank 0 tells its shapes, then leaves: rank 1 waits for 1F0's activation forever."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from pipelib.model import MLP
+    from pipelib.pipeline import Stage, _exchange_shapes, execute, split_into_stages
+    from pipelib.schedules import naive
+
+    s = naive(2, 1)
+    modules = split_into_stages(MLP(CFG).layers, 2)
+    me = dist.get_rank()
+    stage = Stage(modules[me], me, 2)
+    x, y = torch.randn(2, CFG.in_features), torch.randint(0, CFG.out_features, (2,))
+    if me == 0:
+        _exchange_shapes(s, {0: stage}, 0, None, x)
+        return "left"
+    return execute(s, [stage], None, y, F.cross_entropy)
+
+
+def test_a_receive_that_never_arrives_names_the_rank_and_the_action():
+    from pipelib.cluster import Cluster, RankTimeoutError
+
+    with Cluster(2, timeout=3) as cluster:
+        with pytest.raises(RankTimeoutError, match=r"rank 1 did not finish .*act for 1F0: recv "
+                                                   r"from rank 0") as err:
+            cluster.run(_rank0_never_sends)
+        assert err.value.ranks == [1]
+
+
+# ----------------------------------------------------------------------------- bad input
+class NoCluster:
+    world_size = 4
+
+    def run(self, *a, **k):
+        raise AssertionError("the cluster must not be asked to run anything")
+
+
+def _deadlocked():
+    # rank 0 runs naive (waits for 1B0's gradient before sending 0F1), rank 1 runs GPipe
+    # (needs 0F1's activation before it runs 1B0): a cycle.
+    return as_schedule({0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F0", "1F1", "1B0", "1B1"]})
+
+
+@pytest.mark.parametrize("args,kw,match", [
+    (("1f1b", 2, 0), {}, r"m=0"),
+    (("2f2b", 2, 2), {}, r"unknown schedule '2f2b'; choose one of"),
+    (("1f1b", 4, 2, MLPConfig(num_layers=3)), {}, r"cannot split 3 layers into num_stages=4"),
+    (("interleaved_1f1b", 4, 4, MLPConfig(num_layers=4)), {}, r"num_stages=8"),
+    (("gpipe", 2, 2), {"batch_size": 7}, r"batch_size=7 cannot be split into m=2"),
+    (("1f1b", 8, 8, CFG), {}, r"needs 8 ranks; the cluster has 4"),
+    ((_deadlocked(),), {}, r"(?s)deadlocks.*rank 0 waits at step 1 on 0B0"),
+])
+def test_bad_input_fails_in_the_notebook_before_any_engine_work(args, kw, match):
+    with pytest.raises(ValueError, match=match) as err:
+        run_train_step(NoCluster(), *args, **kw)
+    if "deadlock" in match:
+        assert isinstance(err.value, ScheduleDeadlock)
+
+
+def test_split_into_stages():
+    layers = [torch.nn.Linear(4, 4) for _ in range(5)] + [torch.nn.Linear(4, 40)]
+    assert [len(s) for s in split_into_stages(layers, 3)] == [2, 2, 2]
+    assert [len(s) for s in split_into_stages(layers, 4)] == [2, 2, 1, 1]
+    assert [len(s) for s in split_into_stages(layers, 2, "cost")] == [5, 1]
+    assert [len(s) for s in split_into_stages(layers, 2, [1, 5])] == [1, 5]
+    assert split_into_stages(layers, 2)[0][0] is layers[0]  # shared, not copied
+    assert partition(7, 7) == [range(k, k + 1) for k in range(7)]
+    for bad, match in [((layers, 7), "cannot split 6 layers into num_stages=7"),
+                       ((layers, 0), "num_stages=0"),
+                       ((layers, 2, [3, 4]), r"balance=\[3, 4\] must list num_stages=2"),
+                       ((layers, 2, "flops"), "balance='flops'")]:
+        with pytest.raises(ValueError, match=match):
+            split_into_stages(*bad)
