@@ -1,9 +1,14 @@
 import os
 import sys
+import uuid
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Every process this test session starts (kernels, engines, book builds) inherits this mark, so
+# the leftover check below sees only our own processes, not those of another run on the machine.
+SESSION_VAR = "PIPELIB_TEST_SESSION"
+os.environ[SESSION_VAR] = SESSION = uuid.uuid4().hex
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +22,7 @@ def cluster4():
 
 
 def cluster_processes():
-    """Pids of every ipyparallel controller/engine and pipelib watchdog on this machine."""
+    """Pids of the ipyparallel controllers/engines and pipelib watchdogs this session started."""
     import psutil
 
     out = []
@@ -26,7 +31,7 @@ def cluster_processes():
         if ("ipyparallel.engine" in cmd or "ipyparallel.controller" in cmd or "ipcluster" in cmd
                 or "pipelib._watchdog" in cmd):
             try:
-                if p.status() != psutil.STATUS_ZOMBIE:
+                if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(SESSION_VAR) == SESSION:
                     out.append(p.info["pid"])
             except psutil.Error:
                 pass

@@ -37,6 +37,9 @@ JUPYTER_BOOK = Path(sys.executable).parent / "jupyter-book"
 # _config.yml) is always opened too: it holds an equation, a figure and a widget, so the
 # plumbing is checked whatever the chapters contain.
 BOOK_PAGES = [
+    "notebooks/01_hardware.html",
+    "notebooks/02_deep_learning.html",
+    "notebooks/03_transformers.html",
     "notebooks/04_parallel_computing.html",
 ]
 
