@@ -41,6 +41,7 @@ BOOK_PAGES = [
     "notebooks/02_deep_learning.html",
     "notebooks/03_transformers.html",
     "notebooks/04_parallel_computing.html",
+    "notebooks/05_point_to_point.html",
 ]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -39,12 +39,12 @@ def test_op_intensity_and_roofline_from_ops():
     assert (r.peak, r.bandwidth) == (mm.achieved, add.bandwidth)
 
 
-def test_pingpong_summary_uses_medians():
+def test_pingpong_summary_keeps_the_best_of_repeats():
     times = {8: [3e-5, 1e-5, 2e-5, 9.0], 1024: [4e-5] * 3, 2**20: [1e-3, 2e-3, 5e-4]}
     m = hw.summarize_pingpong(times)
     assert m.sizes == (8, 1024, 2**20)
-    assert m.one_way == (2.5e-5, 4e-5, 1e-3)  # the 9-second outlier does not count
-    assert m.latency == 2.5e-5 and m.bandwidth == 2**20 / 1e-3
+    assert m.one_way == (1e-5, 4e-5, 5e-4)  # a busy machine only adds time: the 9 s outlier is noise
+    assert m.latency == 1e-5 and m.bandwidth == 2**20 / 5e-4
     assert m.link("lo").time(0) == m.latency
 
 
@@ -130,7 +130,8 @@ def test_pingpong_between_two_cpu_engines():
         results = cluster.run(hw.pingpong, sizes, 3)
     assert results[1] is None
     times = results[0]
-    assert sorted(times) == sizes and all(len(v) == 3 for v in times.values())
+    # small messages are sampled 8x more (a busy machine's best case needs more tries)
+    assert sorted(times) == sizes and [len(times[n]) for n in sizes] == [24, 24, 3]
     m = hw.summarize_pingpong(times)
     assert 0 < m.latency < 0.1                 # loopback: microseconds to milliseconds
     assert 1e6 < m.bandwidth < 1e12             # and MB/s to GB/s

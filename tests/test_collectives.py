@@ -1,0 +1,219 @@
+"""Every from-scratch collective against gloo's built-in, on the world and on sub-groups;
+exact byte counts; alpha-beta time exact on the simulated device; mismatches as clear errors."""
+import pytest
+
+from pipelib import collectives as C
+from pipelib.cluster import RankError
+
+pytestmark = pytest.mark.cluster
+
+_GROUPS = {}
+
+
+def _group(ranks):
+    """Sub-groups are created once per engine, in the same order on every rank."""
+    import torch.distributed as dist
+
+    if not _GROUPS:
+        for rs in ((0, 1), (1, 2, 3), (0, 1, 2, 3)):
+            _GROUPS[rs] = dist.new_group(list(rs))
+    return _GROUPS[tuple(ranks)]
+
+
+def _compare(ranks, sizes, big):
+    """Run every collective on the group of `ranks`; return a list of failures (empty = ok)."""
+    import torch
+    import torch.distributed as dist
+
+    from pipelib import collectives as C, comms
+
+    g = _group(ranks)
+    if dist.get_rank() not in ranks:
+        return []
+    n, me = len(ranks), ranks.index(dist.get_rank())
+    bad = []
+
+    def check(name, got, want, nbytes_sent, shape, itemsize, root=0, exact=True):
+        ok = torch.equal(got, want) if exact else torch.allclose(got, want, rtol=1e-5, atol=1e-4)
+        if not ok:
+            bad.append(f"{name} n={n} shape={shape} dtype={got.dtype}: values differ")
+        exp = C.expected_bytes(name, shape, itemsize, n, me, root)
+        if nbytes_sent != exp:
+            bad.append(f"{name} n={n} shape={shape}: sent {nbytes_sent} bytes, formula {exp}")
+
+    def sent(fn, *a, **k):
+        comms.reset_counters()
+        out = fn(*a, **k)
+        return out, comms.counters()["bytes_sent"]
+
+    for size in sizes:
+        for dtype, ops in ((torch.float32, ("sum", "avg", "max")), (torch.int64, ("sum", "max"))):
+            if size == big and dtype != torch.float32:
+                continue
+            gen = torch.Generator().manual_seed(1000 * dist.get_rank() + size)
+            x = (torch.randn(size, generator=gen) * 100).to(dtype)
+            exact = dtype != torch.float32
+            isz = x.element_size()
+            for op in ops:
+                if size == big and op != "sum":
+                    continue
+                ref = x.clone()
+                dist.all_reduce(ref, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=g)
+                if op == "avg":
+                    ref = ref / n
+                for name in ("all_reduce", "all_reduce_naive"):
+                    y, b = sent(getattr(C, name), x.clone(), op, g)
+                    check(name, y, ref, b, x.shape, isz, exact=exact or op == "max")
+                y, b = sent(C.reduce_scatter, x, op, g)
+                check("reduce_scatter", y, torch.tensor_split(ref, n)[me], b, x.shape, isz, exact=exact or op == "max")
+                root = n - 1
+                y, b = sent(C.reduce, x.clone(), root, op, g)
+                if me == root:
+                    check("reduce", y, ref, b, x.shape, isz, root=root, exact=exact or op == "max")
+                elif b != C.expected_bytes("reduce", x.shape, isz, n, me, root):
+                    bad.append(f"reduce bytes n={n} rank {me}: {b}")
+            root = 1 % n
+            want = x.clone()
+            dist.broadcast(want, ranks[root], group=g)
+            y, b = sent(C.broadcast, x.clone(), root, g)
+            check("broadcast", y, want, b, x.shape, isz, root=root)
+            want = torch.empty(n * size, dtype=dtype)
+            dist.all_gather_into_tensor(want, x, group=g)
+            y, b = sent(C.all_gather, x, g)
+            check("all_gather", y, want, b, x.shape, isz)
+            sz = C.chunk_sizes(size, n)
+            want = torch.empty(n * sz[me], dtype=dtype)
+            dist.all_to_all_single(want, x, output_split_sizes=[sz[me]] * n, input_split_sizes=sz, group=g)
+            y, b = sent(C.all_to_all, x, g)
+            check("all_to_all", y, want, b, x.shape, isz)
+    return bad
+
+
+@pytest.mark.parametrize("ranks", [(0, 1), (1, 2, 3), (0, 1, 2, 3)], ids=["n2", "n3-subgroup", "n4"])
+def test_every_collective_equals_the_builtin(cluster4, ranks):
+    n = len(ranks)
+    sizes = sorted({1, 7, max(n - 1, 1), n + 1, 1000, 2**20})
+    results = cluster4.run(_compare, list(ranks), sizes, 2**20, timeout=60)
+    assert [b for r in results for b in r] == []
+
+
+def _multi_dim():
+    import torch
+    import torch.distributed as dist
+
+    r = dist.get_rank()
+    x = torch.arange(5 * 3, dtype=torch.float64).view(5, 3) + r
+    ref = x.clone()
+    dist.all_reduce(ref)
+    y = C.all_reduce(x.t().clone().t())  # non-contiguous input: reduced in place all the same
+    ag = C.all_gather(x)
+    rs = C.reduce_scatter(x)
+    return (torch.equal(y, ref), ag.shape == (20, 3), torch.equal(rs, torch.tensor_split(ref, 4)[r]))
+
+
+def test_multi_dimensional_and_non_contiguous(cluster4):
+    assert cluster4.run(_multi_dim) == [(True, True, True)] * 4
+
+
+def test_bytes_formulas_closed_forms():
+    n, N = 4, 4 * 2**20
+    assert C.expected_bytes("all_reduce", (2**20,), 4, n, 0) == 2 * (n - 1) * N // n
+    assert C.expected_bytes("all_reduce_naive", (2**20,), 4, n, 2) == (n - 1) * N
+    assert C.expected_bytes("reduce_scatter", (2**20,), 4, n, 3) == (n - 1) * N // n
+    assert C.expected_bytes("broadcast", (2**20,), 4, 8, 0) == 3 * N  # root of a tree of 8
+    assert sum(C.expected_bytes("broadcast", (10,), 4, 5, r) for r in range(5)) == 4 * 40
+    assert C.chunk_sizes(7, 3) == [3, 2, 2] == [len(t) for t in __import__("torch").arange(7).tensor_split(3)]
+
+
+def _timed(name, numel):
+    import torch
+    import torch.distributed as dist
+
+    from pipelib.device import current
+
+    x = torch.ones(numel)
+    fn = getattr(C, name)
+    if name in ("broadcast", "reduce"):
+        fn(x, 0)
+    else:
+        fn(x)
+    return current().now()
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "all_reduce_naive", "reduce_scatter", "all_gather",
+                                  "all_to_all", "broadcast", "reduce"])
+def test_alpha_beta_time_is_exact_on_the_sim_device(cluster4, name):
+    from pipelib.costmodel import PROFILES
+
+    link = PROFILES["toy-gpu"].link
+    numel = 4096
+    cluster4.reset()
+    ends = cluster4.run(_timed, name, numel)
+    want = C.predicted_time(name, 4 * numel, 4, link.alpha, link.beta)
+    assert max(ends) == pytest.approx(want, rel=1e-12, abs=1e-15)
+    trace = cluster4.trace()
+    coll = trace.filter(kind="collective")
+    assert len(coll) == 4 and all(e.label == name for e in coll)
+    assert [e.bytes for e in sorted(coll, key=lambda e: e.rank)] == [
+        C.expected_bytes(name, (numel,), 4, 4, r) for r in range(4)]
+
+
+def _mismatch(kind):
+    import torch
+    import torch.distributed as dist
+
+    r = dist.get_rank()
+    if kind == "shape":
+        C.all_reduce(torch.ones(4 + (r == 2)))
+    elif kind == "dtype":
+        C.all_gather(torch.ones(3, dtype=torch.int64 if r == 1 else torch.float32))
+    elif kind == "root":
+        C.broadcast(torch.ones(3), src=r % 2)
+    elif kind == "avg-int":
+        C.all_reduce(torch.ones(3, dtype=torch.int32), op="avg")
+
+
+@pytest.mark.parametrize("kind,pattern", [
+    ("shape", r"rank 2 \(5,\) float32"),
+    ("dtype", r"rank 1 \(3,\) int64"),
+    ("root", r"root differs: rank 0 0, rank 1 1"),
+    ("avg-int", r"op 'avg' on torch.int32"),
+])
+def test_mismatch_is_a_clear_error_and_the_cluster_stays_usable(cluster4, kind, pattern):
+    with pytest.raises(RankError, match=pattern) as err:
+        cluster4.run(_mismatch, kind)
+    assert sorted(err.value.errors) == [0, 1, 2, 3]  # every rank raised: nobody hangs
+    assert cluster4.run(_timed, "all_reduce", 8)  # usable again
+
+
+def _one(name):
+    import torch
+
+    x = torch.ones(10)
+    if name == "broadcast":
+        C.broadcast(x, 0)
+    else:
+        getattr(C, name)(x)
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "all_reduce_naive", "all_gather", "broadcast", "reduce_scatter", "all_to_all"])
+def test_replay_from_the_trace_ends_where_the_collective_promises(cluster4, name):
+    from pipelib import viz_comms
+
+    cluster4.reset()
+    cluster4.run(_one, name)
+    trace = cluster4.trace()
+    rows = viz_comms.message_steps(trace, name)
+    assert sum(r["bytes"] for r in rows) == sum(C.expected_bytes(name, (10,), 4, 4, r) for r in range(4))
+    final = viz_comms.replay(rows, name, 4)[-1]
+    full = frozenset(range(4))
+    if name == "reduce_scatter":
+        assert [final[r][r] for r in range(4)] == [full] * 4  # rank r owns chunk r, fully reduced
+    elif name in ("all_to_all", "all_gather"):  # slot s of every rank holds rank s's block
+        assert all(final[r][s] == {s} for r in range(4) for s in range(4))
+    elif name == "broadcast":
+        assert all(final[r][0] == {0} for r in range(4))
+    else:
+        assert all(cell == full for row in final for cell in row)
+    fig = viz_comms.collective_animation(trace, name)
+    assert len(fig.frames) == len({r["step"] for r in rows}) + 1
