@@ -87,10 +87,11 @@ def _check_tag(tag) -> None:
 
 # ------------------------------------------------------------------ counters
 def _counts(dev: Device) -> dict:
-    if not hasattr(dev, "_comm_counts"):
-        dev._comm_counts = dict.fromkeys(("bytes_sent", "bytes_received", "messages_sent",
-                                          "messages_received"), 0)
-    return dev._comm_counts
+    """This rank's counters; `Device.reset()` (and so `Cluster.reset()`) empties them."""
+    if not dev.comm_counts:
+        dev.comm_counts.update(dict.fromkeys(("bytes_sent", "bytes_received", "messages_sent",
+                                              "messages_received"), 0))
+    return dev.comm_counts
 
 
 def counters() -> dict:

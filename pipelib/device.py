@@ -266,6 +266,7 @@ class Device:
         capacity = self.profile.memory if self.modelled else None
         self.memory = MemoryTracker(rank, capacity)
         self.activity = Activity(activity_path)
+        self.comm_counts: dict[str, int] = {}  # filled by pipelib.comms: bytes and messages
         self.torch_device = self._torch_device()
 
     def _torch_device(self):
@@ -289,6 +290,7 @@ class Device:
             self.clock.reset(0.0)
         self.tracer.clear()
         self.memory.reset_peak()
+        self.comm_counts.clear()
 
     @contextlib.contextmanager
     def compute(self, label: str, *, flops: float | None = None, nbytes: float = 0.0,
