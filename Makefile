@@ -16,7 +16,8 @@ venv: $(BIN)/jupyter-book
 
 $(BIN)/jupyter-book:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[book,dev]'
+	@echo "installing the pinned packages into $(VENV) (log: $(VENV)/pip.log)"
+	$(BIN)/pip install -q -e '.[book,dev]' > $(VENV)/pip.log 2>&1 || (tail -50 $(VENV)/pip.log; exit 1)
 
 book: venv
 	tools/book_assets.sh $(BIN)/python
