@@ -21,6 +21,17 @@ def cluster4():
     c.stop()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Two OpenMP threads on two shared cores are up to 5x slower than one for small models."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def cluster_processes():
     """Pids of the ipyparallel controllers/engines and pipelib watchdogs this session started."""
     import psutil

@@ -24,12 +24,7 @@ MLPS = [MLPConfig(), MLPConfig(in_features=10, hidden=32, out_features=7, num_la
 SIZES = [(3, 16, 8), (4, 48, 64), (2, 64, 96)]  # (batch, seq, width)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def nbytes(tensors):

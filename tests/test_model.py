@@ -11,13 +11,7 @@ from pipelib.train import accuracy, evaluate_gpt, train_gpt, train_mlp
 TINY = GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two OpenMP threads on two shared cores are up to 5x slower than one for these sizes."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tokens(cfg, B=3, T=None, seed=0):
