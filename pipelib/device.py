@@ -210,7 +210,11 @@ class MemoryTracker:
             __slots__ = ("t", "key", "__weakref__")
 
             def __init__(self, t):
-                self.t, self.key = t, None
+                # Keep a detached alias: same storage, no grad_fn. Keeping `t` itself makes a
+                # cycle when autograd saves a node's own output (t -> grad_fn -> this -> t), and
+                # with retain_graph (zero-bubble I/W) the activation would outlive its graph
+                # until the garbage collector ran.
+                self.t, self.key = t.detach(), None
                 st = t.untyped_storage()
                 ptr = st.data_ptr()
                 if ptr in tracker._param_ptrs or st.nbytes() == 0:

@@ -74,3 +74,27 @@ def test_simulated_out_of_memory_names_rank_need_and_capacity():
 def test_wallclock_shared_epoch():
     epoch = time.time() - 5
     assert WallClock(epoch).now() == pytest.approx(5, abs=0.05)
+
+
+def test_activations_freed_when_the_graph_dies_even_with_retain_graph():
+    """A node that saves its own output (ReLU, sigmoid) must not keep it alive in a cycle.
+
+    Zero-bubble W runs autograd with retain_graph=True; the activations must go when the graph
+    does, not when the garbage collector next runs.
+    """
+    import gc
+
+    mem = MemoryTracker(0)
+    w = torch.randn(32, 32, requires_grad=True)
+    mem.track_module(torch.nn.ParameterList([torch.nn.Parameter(w.detach())]))
+    gc.disable()
+    try:
+        with mem.saved_activations():
+            h = torch.sigmoid(torch.randn(16, 32) @ w)   # sigmoid saves its output
+            loss = h.square().sum()
+        assert mem.bytes["activations"] > 0
+        (g,) = torch.autograd.grad(loss, [w], retain_graph=True)
+        del h, loss, g
+        assert mem.bytes["activations"] == 0
+    finally:
+        gc.enable()
