@@ -127,8 +127,24 @@ def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, pa
     with dev.activity.doing(f"init_process_group({backend})"):
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout))
+    if spec.kind == "sim":  # only simulated ops count FLOPs; real ones must not be disturbed
+        threading.Thread(target=_warm_flop_counter, daemon=True, name="pipelib-warm").start()
     return {"pid": os.getpid(), "host": socket.gethostname(), "backend": backend,
             "threads": torch.get_num_threads(), "device": str(dev.torch_device)}
+
+
+def _warm_flop_counter():
+    """The first FlopCounterMode imports torch._dynamo and sympy (2-4 s of CPU): do it now.
+
+    A simulated op without a given duration counts its FLOPs; the first one on a fresh engine
+    would otherwise take seconds, enough to trip a short timeout. Only imports, in a thread
+    while the engine waits: an op that needs them meanwhile waits on the import lock.
+    """
+    try:
+        import torch._dynamo  # noqa: F401
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+    except Exception:  # pragma: no cover - a warm-up only
+        pass
 
 
 def _run_on_rank(fn, args, kwargs):

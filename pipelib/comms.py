@@ -31,6 +31,10 @@ Handles are kept until waited: a gloo send whose handle is garbage-collected cra
 process ("Cannot lock pointer to unbound buffer"), so every `Handle` registers itself with the
 device until `wait()`.
 
+`post_send` / `post_recv` are `isend` / `irecv` without the argument checks, for callers that
+check their peers once (the collectives of chapter 06 post thousands of messages; every
+microsecond of bookkeeping per message shows at small sizes).
+
 Introduced in chapter 04; chapter 05 is about these functions.
 """
 from __future__ import annotations
@@ -153,25 +157,34 @@ class Handle:
             self.buf = torch.empty(numel, dtype=DTYPES[code] if 0 <= code < len(DTYPES) else torch.uint8)
         self.works = [dist.irecv(self.buf, self.peer, group=self.group, tag=2 * self.tag)]
 
-    def wait(self):
+    def _block(self) -> None:
+        """Post what is still unposted, then wait for every work of this message."""
+        if self._unposted:
+            for h in list(_outstanding(self.dev).values()):  # earlier receives on this channel first
+                if h._unposted and (h.peer, h.group, h.tag) == (self.peer, self.group, self.tag):
+                    h._post_payload()
+                if h is self:
+                    break
+        else:
+            self._read_header()
+        for w in self.works:
+            w.wait()
+
+    def wait(self, *, beacon: bool = True):
+        """Wait until the message is through; returns the tensor. ``beacon=False`` leaves the
+        activity beacon alone (a caller that waits many messages sets it once for all)."""
         if self.done:
             return self.tensor
         dev, clock = self.dev, self.dev.clock
         start = clock.now()
-        verb = "send to" if self.op == "send" else "recv from"
-        with dev.activity.doing(f"{self.label}: {verb} rank {self.peer} ({_fmt_bytes(self.nbytes)}), waiting"):
-            if self._unposted:
-                for h in list(_outstanding(dev).values()):  # earlier receives on this channel first
-                    if h._unposted and (h.peer, h.group, h.tag) == (self.peer, self.group, self.tag):
-                        h._post_payload()
-                    if h is self:
-                        break
-            else:
-                self._read_header()
-            for w in self.works:
-                w.wait()
+        if not beacon or (self.header_read and self.works and all(w.is_completed() for w in self.works)):
+            self._block()  # already there: no need to tell the activity beacon (two file writes)
+        else:
+            verb = "send to" if self.op == "send" else "recv from"
+            with dev.activity.doing(f"{self.label}: {verb} rank {self.peer} ({_fmt_bytes(self.nbytes)}), waiting"):
+                self._block()
         self.done = True
-        _outstanding(dev).pop(id(self), None)
+        dev._outstanding.pop(id(self), None)
         if self.error is not None:
             raise self.error
         if self.buf is not self.tensor and self.op == "recv":
@@ -206,9 +219,23 @@ def _outstanding(dev: Device) -> dict:
 def isend(tensor: torch.Tensor, dst: int, group=None, *, tag: int = 0, label: str = "send",
           stage: int | None = None, microbatch: int | None = None, check: bool = True) -> Handle:
     """Post a send of `tensor` to group rank `dst`; returns at once. Sends numel*itemsize bytes."""
-    dev = current()
     peer = _check_peer(dst, group, "send")
     _check_tag(tag)
+    return post_send(tensor, peer, group, tag, label, {"stage": stage, "microbatch": microbatch}, check)
+
+
+def irecv(tensor: torch.Tensor, src: int, group=None, *, tag: int = 0, label: str = "recv",
+          stage: int | None = None, microbatch: int | None = None, check: bool = True) -> Handle:
+    """Post a receive into `tensor` (its numel and dtype must match the sender's) from `src`."""
+    peer = _check_peer(src, group, "recv")
+    _check_tag(tag)
+    return post_recv(tensor, peer, group, tag, label, {"stage": stage, "microbatch": microbatch}, check)
+
+
+def post_send(tensor, peer: int, group, tag: int, label: str, fields: dict, check: bool) -> Handle:
+    """`isend` without the argument checks: `peer` is a *global* rank already validated (the
+    collectives check their peers once per call, not once per message: chapter 06)."""
+    dev = current()
     t_post = dev.clock.now()
     src = tensor.detach().contiguous()
     works, header = [], None
@@ -216,7 +243,6 @@ def isend(tensor: torch.Tensor, dst: int, group=None, *, tag: int = 0, label: st
         header = torch.tensor([t_post, src.numel(), DTYPE_CODE.get(src.dtype, -1)], dtype=_HEADER_DTYPE)
         works.append(dist.isend(header, peer, group=group, tag=2 * tag + 1))
     works.append(dist.isend(src, peer, group=group, tag=2 * tag))
-    fields = {"stage": stage, "microbatch": microbatch}
     h = Handle(dev, "send", tensor, src, peer, group, tag, works, header, None, t_post, label, fields)
     c = _counts(dev)
     c["bytes_sent"] += h.nbytes
@@ -225,12 +251,9 @@ def isend(tensor: torch.Tensor, dst: int, group=None, *, tag: int = 0, label: st
     return h
 
 
-def irecv(tensor: torch.Tensor, src: int, group=None, *, tag: int = 0, label: str = "recv",
-          stage: int | None = None, microbatch: int | None = None, check: bool = True) -> Handle:
-    """Post a receive into `tensor` (its numel and dtype must match the sender's) from `src`."""
+def post_recv(tensor, peer: int, group, tag: int, label: str, fields: dict, check: bool) -> Handle:
+    """`irecv` without the argument checks (see `post_send`)."""
     dev = current()
-    peer = _check_peer(src, group, "recv")
-    _check_tag(tag)
     buf = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
     works, header, header_work = [], None, None
     if dev.modelled or check:
@@ -239,7 +262,7 @@ def irecv(tensor: torch.Tensor, src: int, group=None, *, tag: int = 0, label: st
     if not check:
         works.append(dist.irecv(buf, peer, group=group, tag=2 * tag))
     return Handle(dev, "recv", tensor, buf, peer, group, tag, works, header, header_work,
-                  dev.clock.now(), label, {"stage": stage, "microbatch": microbatch})
+                  dev.clock.now(), label, fields)
 
 
 def send(tensor: torch.Tensor, dst: int, group=None, **kw) -> None:

@@ -10,7 +10,22 @@ collective (`pipelib.collectives.predicted_time`, e.g. ring all-reduce
 On a simulated device the fit returns the profile's link exactly (a test checks it); on the
 cpu device it measures loopback TCP through gloo.
 
-Introduced in chapter 05.
+A ring keeps every link busy at once, and on a laptop the "links" are processes sharing a few
+cores: a ping-pong between two ranks (one message in flight) overstates the bandwidth each
+link gets then. `ring_shift` measures the link as a ring uses it (every rank sends to its right
+neighbour and receives from its left at once, on the same world); `measure_collective` times a
+collective the same way on every rank, so chapter 06 can set measured beside predicted:
+
+    rows = cluster.run(ring_shift, sizes)[0]
+    alpha, beta = fit_alpha_beta([r["bytes"] for r in rows], [r["time"] for r in rows], relative=True)
+    meas = cluster.run(measure_collective, "all_reduce", sizes)[0]
+    table = compare("all_reduce", meas, world_size, alpha, beta)
+
+On real cores the reduction itself takes time too: `reduce_rate` measures it, and
+``compare(..., gamma=1 / rate)`` adds the (n-1)/n N bytes each rank reduces (Thakur et al. 2005).
+
+Introduced in chapter 05; `ring_shift`, `measure_collective`, `reduce_rate` and `compare` in
+chapter 06.
 """
 from __future__ import annotations
 
@@ -55,17 +70,25 @@ def pingpong(sizes=DEFAULT_SIZES, repeats: int = 5, ranks=(0, 1), group=None, wa
     return rows
 
 
-def fit_alpha_beta(nbytes, times) -> tuple[float, float]:
+def fit_alpha_beta(nbytes, times, *, relative: bool = False) -> tuple[float, float]:
     """Least squares of t = alpha + n / beta; returns (alpha seconds, beta bytes/s).
 
     Ordinary least squares weighs the big messages most, which is what beta needs; alpha comes
-    out of the intercept (chapter 05 shows the residuals)."""
+    out of the intercept (chapter 05 shows the residuals), and on a noisy machine it can come
+    out tiny or even negative. ``relative=True`` minimises the *relative* residuals instead
+    (weights 1/t^2): every size counts alike, so alpha is set by the small messages and beta by
+    the large ones; that is the fit to predict times across sizes within a percentage (ch. 06)."""
     xs, ys = [float(x) for x in nbytes], [float(y) for y in times]
     if len(xs) < 2 or len(set(xs)) < 2:
         raise ValueError(f"need at least two different message sizes to fit alpha and beta, got {xs}")
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    if relative and min(ys) <= 0:
+        raise ValueError(f"a relative fit needs positive times, got {ys}")
+    ws = [1.0 / y**2 for y in ys] if relative else [1.0] * len(ys)
+    sw = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs)) / sw
+    my = sum(w * y for w, y in zip(ws, ys)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx
     if slope <= 0:
         raise ValueError(f"time does not grow with size (slope {slope:.3g} s/B): measure larger messages")
     return my - slope * mx, 1.0 / slope
@@ -82,6 +105,172 @@ def predict_collectives(nbytes: int, n: int, alpha: float, beta: float) -> dict[
 
     names = ("broadcast", "reduce", "all_reduce_naive", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
     return {k: predicted_time(k, nbytes, n, alpha, beta) for k in names}
+
+
+# ------------------------------------------------------------------ chapter 06: rings and collectives
+COLLECTIVES = ("broadcast", "reduce", "all_reduce_naive", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+
+
+def _start(dev, group) -> float:
+    """A common start on every rank: a barrier on a real device; on a virtual clock, every
+    clock moves to the latest one (a barrier in modelled time; gloo's own barrier takes none)."""
+    import torch
+    import torch.distributed as dist
+
+    if not dev.clock.virtual:
+        dist.barrier(group=group)
+        return dev.now()
+    t = torch.tensor([dev.now()], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    dev.clock.wait_until(float(t))
+    return float(t)
+
+
+def _slowest(times: list[list[float]], group) -> list[list[float]]:
+    """Per repeat, the time of the slowest rank (a collective ends when its last rank does)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+def _rows(sizes, times) -> list[dict]:
+    return [{"bytes": int(n), "time": statistics.median(ts), "times": ts,
+             "bandwidth": n / statistics.median(ts) if statistics.median(ts) > 0 else float("inf")}
+            for n, ts in zip(sizes, times)]
+
+
+def ring_shift(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int = 1) -> list[dict] | None:
+    """Run on every rank: each rank sends n bytes to its right neighbour and receives n from its
+    left, all at once (one ring step; on 2 ranks, an exchange). Returns, on every rank, one row
+    per size: bytes, time (median over `repeats` of the slowest rank), the per-link bandwidth
+    while every link is busy. Fit alpha and beta to it to predict a ring on this world size."""
+    import torch
+    import torch.distributed as dist
+
+    from . import comms
+    from .device import current
+
+    if dist.get_rank(group) < 0:
+        return None
+    dev, n, me = current(), dist.get_world_size(group), dist.get_rank(group)
+    if n < 2:
+        raise ValueError(f"ring_shift needs a group of at least 2 ranks, got {n}")
+    right, left = (me + 1) % n, (me - 1) % n
+    times = []
+    for size in sizes:
+        out, into = torch.zeros(max(int(size), 1), dtype=torch.uint8), torch.empty(max(int(size), 1), dtype=torch.uint8)
+        ts = []
+        for i in range(warmup + repeats):
+            t0 = _start(dev, group)
+            comms.wait_all([comms.irecv(into, left, group, label=f"shift {size} B", check=False),
+                            comms.isend(out, right, group, label=f"shift {size} B", check=False)])
+            if i >= warmup:
+                ts.append(dev.now() - t0)
+        times.append(ts)
+    return _rows([max(int(s), 1) for s in sizes], _slowest(times, group))
+
+
+def _builtin(name: str, x, group):
+    """torch.distributed's own version of collective `name` (gloo), for comparison."""
+    import torch
+    import torch.distributed as dist
+
+    n = dist.get_world_size(group)
+    root = 0 if group is None else dist.get_global_rank(group, 0)
+    if name in ("all_reduce", "all_reduce_naive"):
+        return dist.all_reduce(x, group=group)
+    if name == "broadcast":
+        return dist.broadcast(x, root, group=group)
+    if name == "reduce":
+        return dist.reduce(x, root, group=group)
+    if name == "all_gather":
+        return dist.all_gather_into_tensor(torch.empty(n * x.numel(), dtype=x.dtype), x, group=group)
+    if name == "reduce_scatter":
+        return dist.reduce_scatter_tensor(torch.empty(x.numel() // n, dtype=x.dtype), x, group=group)
+    return dist.all_to_all_single(torch.empty_like(x), x, group=group)
+
+
+def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: int = 5, group=None,
+                       warmup: int = 1, *, builtin: bool = False, **kw) -> list[dict] | None:
+    """Run on every rank: time collective `name` of `pipelib.collectives` (or gloo's own with
+    ``builtin=True``) on a float32 tensor of each size in bytes (all_gather: one rank's input),
+    from a common start (`_start`) to the end of the slowest rank. Returns, on every rank, one
+    row per size: bytes, time (median over `repeats`), times, bandwidth. `kw` goes to the
+    collective (check=False, segment_bytes=...). Sizes are rounded down to whole floats, and
+    for builtin reduce_scatter and all_to_all to a multiple of the world size (gloo needs it)."""
+    import torch
+    import torch.distributed as dist
+
+    from . import collectives as C
+    from .device import current
+
+    if name not in COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r}; use one of {COLLECTIVES}")
+    if dist.get_rank(group) < 0:
+        return None
+    dev, n = current(), dist.get_world_size(group)
+    fn = getattr(C, name)
+    sizes = [max(int(s) // 4, 1) for s in sizes]
+    if builtin and name in ("reduce_scatter", "all_to_all"):
+        sizes = [max(s // n, 1) * n for s in sizes]
+    times = []
+    for numel in sizes:
+        x, ts = torch.ones(numel), []
+        for i in range(warmup + repeats):
+            y = x.clone()
+            t0 = _start(dev, group)
+            if builtin:
+                _builtin(name, y, group)
+            else:
+                fn(y, group=group, **kw)
+            if i >= warmup:
+                ts.append(dev.now() - t0)
+        times.append(ts)
+    return _rows([4 * s for s in sizes], _slowest(times, group))
+
+
+def reduce_rate(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int = 1) -> list[dict] | None:
+    """Run on every rank: time the local reduction of the rings (``torch.add(a, b, out=a)`` on
+    float32 tensors of each size in bytes), all ranks at once as in a collective (they share
+    the cores). Returns, on every rank, rows of bytes, time (median of the slowest rank),
+    bandwidth; ``1 / fit_alpha_beta(...)[1]`` is gamma, seconds per byte reduced."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from .device import current
+
+    if dist.get_rank(group) < 0:
+        return None
+    dev, sizes, times = current(), [max(int(s) // 4, 1) for s in sizes], []
+    for numel in sizes:
+        a, b, ts = torch.ones(numel), torch.ones(numel), []
+        for i in range(warmup + repeats):
+            _start(dev, group)
+            t0 = time.perf_counter()
+            torch.add(a, b, out=a)
+            if i >= warmup:
+                ts.append(time.perf_counter() - t0)
+        times.append(ts)
+    return _rows([4 * s for s in sizes], _slowest(times, group))
+
+
+def compare(name: str, rows: list[dict], n: int, alpha: float, beta: float, gamma: float = 0.0) -> list[dict]:
+    """Measured (rows of `measure_collective`) beside the alpha-beta(-gamma) prediction of
+    `pipelib.collectives.predicted_time`: bytes, measured, predicted, error = measured /
+    predicted - 1 (positive: slower than the model)."""
+    from .collectives import predicted_time
+
+    out = []
+    for r in rows:
+        p = predicted_time(name, r["bytes"], n, alpha, beta, gamma)
+        out.append({"bytes": r["bytes"], "measured": r["time"], "predicted": p,
+                    "error": r["time"] / p - 1 if p > 0 else float("nan")})
+    return out
 
 
 # ------------------------------------------------------------------ chapter 05's small experiments

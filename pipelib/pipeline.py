@@ -11,7 +11,8 @@ that `validate` accepts run without deadlock (DESIGN.md section 6):
 
 1. sends are non-blocking (`comms.isend`); their handles are kept until the step ends (a gloo
    send whose handle is dropped crashes, and a blocking send deadlocks 1F1B: FACTS.md);
-2. a receive blocks just before the compute that needs it, and nowhere else;
+2. a receive blocks just before the compute that needs it, and nowhere else (it is *posted*
+   earlier, `recv_ahead` receives ahead, so its bytes flow while this rank computes);
 3. a neighbouring stage on the same rank (interleaved and V placements) is handed its input
    locally, without a message.
 
@@ -24,7 +25,9 @@ schedules through this same function.
 """
 from __future__ import annotations
 
-from typing import Callable
+import functools
+import time
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -33,11 +36,14 @@ import torch.nn.functional as F
 
 from . import comms
 from .device import MemoryTracker, current
-from .pipeline_stage import Stage, partition, split_into_stages  # noqa: F401 (re-exported)
+from .pipeline_stage import (  # noqa: F401 (re-exported)
+    Stage, partition, split_into_stages, stage_grads, stage_modules,
+)
 from .schedules import GENERATORS, Op, Schedule, validate
 
 __all__ = ["Stage", "split_into_stages", "partition", "execute", "resolve_schedule",
-           "check_step", "train_step", "run_train_step", "monolith_step", "make_batch"]
+           "check_step", "train_step", "run_train_step", "monolith_step", "make_batch",
+           "stage_modules", "stage_grads", "timed_steps", "Runner", "prepare_step"]
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)
 _SPEC_LEN = 10                  # dtype code, ndim, up to 8 sizes
@@ -45,9 +51,24 @@ _SHAPE_TAG = 1 << 20            # tags of the shape handshake, apart from the st
 _ALIASES = {"one_f_one_b": "1f1b", "zero_bubble_h1": "zb_h1", "zbh1": "zb_h1", "GPipe": "gpipe"}
 
 
+@functools.lru_cache(maxsize=64)
+def _validated(s: Schedule) -> Schedule:
+    """`validate` once per Schedule (a frozen, hashable value): a training loop repeats it."""
+    return validate(s, order="kind")
+
+
 def _tag(kind: str, from_stage: int) -> int:
     """One message queue per (kind, sending stage): act from s -> 2s, grad from s -> 2s+1."""
     return 2 * from_stage + (1 if kind == "grad" else 0)
+
+
+def _remote_input(s: Schedule, rank: int, a) -> tuple[str, int] | None:
+    """(kind, from_stage) of the message action `a` waits for, or None (no input, or local)."""
+    if a.op is Op.F and a.stage > 0 and s.stage_to_rank[a.stage - 1] != rank:
+        return "act", a.stage - 1
+    if a.op in (Op.B, Op.I) and a.stage < s.num_stages - 1 and s.stage_to_rank[a.stage + 1] != rank:
+        return "grad", a.stage + 1
+    return None
 
 
 def _chunks(t: torch.Tensor, m: int, what: str) -> list[torch.Tensor]:
@@ -113,9 +134,24 @@ def _exchange_shapes(s: Schedule, mine: dict[int, Stage], rank: int, group, firs
     return in_spec, out
 
 
+def _shapes(s: Schedule, mine, rank: int, group, first_input, cache: dict | None):
+    """`_exchange_shapes`, or its result kept in `cache` from an earlier step."""
+    if cache is None:
+        return _exchange_shapes(s, mine, rank, group, first_input)
+    first = None if first_input is None else (tuple(first_input.shape), first_input.dtype)
+    key = (s, rank)
+    if key not in cache:
+        cache[key] = (first, *_exchange_shapes(s, mine, rank, group, first_input))
+    elif cache[key][0] != first:
+        raise ValueError(f"execute: rank {rank}: microbatches of {first} but the shapes kept in "
+                         f"`shapes` are for {cache[key][0]}; pass a fresh dict when the batch shape changes")
+    return cache[key][1:]
+
+
 # ----------------------------------------------------------------------------- the executor
 def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group=None, *,
-            costs=None, stats: dict | None = None):
+            costs=None, stats: dict | None = None, shapes: dict | None = None,
+            recv_ahead: int = 1, check: bool = False):
     """Run this rank's actions of `schedule` once: one training step's forward and backward.
 
     `stages`: this rank's `Stage`s (those `schedule.stages_of(rank)` names). `batch` is needed
@@ -129,10 +165,26 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     device, so the timeline can be compared with `simulate`; without it, FLOPs are counted.
     `stats`, if a dict, receives peak_activation_bytes (this rank's saved activations at their
     most), messages and bytes_sent.
+    `shapes`, if a dict, keeps the shape handshake's result between steps of the same stages:
+    the first call fills it, later calls skip the handshake (torch.distributed.pipelining
+    likewise infers shapes once per schedule object). Pass the same dict only while the batch
+    shape and the stages stay the same; the rank of stage 0 checks its microbatch shape, and a
+    receive that still gets another shape raises `comms.MessageMismatchError`.
+    `recv_ahead`: how many receives beyond the one an action needs are posted before it
+    computes, so their bytes flow meanwhile (gloo sends are rendezvous: a message moves only
+    once its receive is posted; torch's lowering posts its RECVs early for the same reason).
+    0 posts each receive just before the compute that needs it.
+    `check`: send `comms`' header with every message on real devices too (simulated devices
+    always send it: it carries the timestamp). The shape handshake already agreed every buffer's
+    shape, so it is off by default: the header costs one more message and a wait per transfer
+    (bench/pipelines.py measures it); turn it on for stages whose output shape can change.
 
     Returns the loss (a 0-dim tensor) on the rank of the last stage, None elsewhere.
     """
-    s = validate(schedule, order="kind")  # cheap, and identical on every rank: fails everywhere
+    # identical on every rank, so a bad schedule fails everywhere; validated once per Schedule
+    s = _validated(schedule) if isinstance(schedule, Schedule) else validate(schedule, order="kind")
+    if isinstance(recv_ahead, bool) or not isinstance(recv_ahead, int) or recv_ahead < 0:
+        raise ValueError(f"recv_ahead={recv_ahead!r}; pass an integer >= 0 (receives posted ahead)")
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     if size < s.num_ranks:
         raise ValueError(f"schedule {s.name!r} needs {s.num_ranks} ranks but the group has {size}")
@@ -147,7 +199,7 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     m, last = s.num_microbatches, s.num_stages - 1
     xs = _chunks(batch, m, "batch") if 0 in mine else None
     ys = _chunks(targets, m, "targets") if last in mine else None
-    in_spec, out_spec = _exchange_shapes(s, mine, rank, group, xs[0] if xs else None)
+    in_spec, out_spec = _shapes(s, mine, rank, group, xs[0] if xs else None, shapes)
 
     dev = current()
     local: dict[tuple, torch.Tensor] = {}   # (kind, from_stage, microbatch) -> handed over here
@@ -155,16 +207,31 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     losses = []
     base = dev.memory.bytes["activations"]
     peak = 0
+    acts = s.actions[rank]
+    remote = [(i, need) for i, a in enumerate(acts) if (need := _remote_input(s, rank, a))]
+    posted: dict[tuple, comms.Handle] = {}  # (kind, from_stage, microbatch) -> receive posted
+    done = 0                                # entries of `remote` whose receive was taken
+
+    def post_until(n: int) -> None:
+        """Post the receives of the first n entries of `remote` (each once, in action order)."""
+        while len(posted) + done < min(n, len(remote)):
+            i, (kind, from_stage) = remote[len(posted) + done]
+            a = acts[i]
+            shape, dtype = in_spec[a.stage] if kind == "act" else out_spec[a.stage]
+            posted[kind, from_stage, a.microbatch] = comms.irecv(
+                torch.empty(shape, dtype=dtype), s.stage_to_rank[from_stage], group,
+                tag=_tag(kind, from_stage), label=f"{kind} for {a}", stage=from_stage,
+                microbatch=a.microbatch, check=check)
 
     def take(kind: str, from_stage: int, a) -> torch.Tensor:
         """The input `a` needs: handed over locally, or received (blocking here, just before a)."""
-        src = s.stage_to_rank[from_stage]
-        if src == rank:
+        nonlocal done
+        if s.stage_to_rank[from_stage] == rank:
             return local.pop((kind, from_stage, a.microbatch))
-        shape, dtype = in_spec[a.stage] if kind == "act" else out_spec[a.stage]
-        h = comms.irecv(torch.empty(shape, dtype=dtype), src, group, tag=_tag(kind, from_stage),
-                        label=f"{kind} for {a}", stage=from_stage, microbatch=a.microbatch)
-        return h.wait()  # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
+        post_until(done + 1 + recv_ahead)  # this receive, and the next ones while we compute
+        done += 1
+        # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
+        return posted.pop((kind, from_stage, a.microbatch)).wait()
 
     def give(kind: str, from_stage: int, microbatch: int, tensor: torch.Tensor) -> None:
         dst = s.stage_to_rank[from_stage + (1 if kind == "act" else -1)]
@@ -172,9 +239,10 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
             local[kind, from_stage, microbatch] = tensor
         else:
             sends.append(comms.isend(tensor, dst, group, tag=_tag(kind, from_stage), label=kind,
-                                     stage=from_stage, microbatch=microbatch))
+                                     stage=from_stage, microbatch=microbatch, check=check))
 
-    for a in s.actions[rank]:
+    for a in acts:
+        post_until(done + recv_ahead)  # the next receives flow while this action computes
         st, j = mine[a.stage], a.microbatch
         duration = None if costs is None else costs.compute(a.op, a.stage)
         if a.op is Op.F:
@@ -260,30 +328,43 @@ def monolith_step(model_config, batch_size: int, batch_seed: int = 0, *, model_s
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
-def train_step(schedule, p: int | None = None, m: int | None = None, model_config=None,
-               batch_seed: int = 0, *, batch_size: int | None = None, model_seed: int = 0,
-               num_chunks: int = 2, balance="layers", costs=None, group=None,
-               dtype=torch.float32, stats: bool = False):
-    """Run on every engine: build the MLP from a seed, keep this rank's stages, run one step.
+def timed_steps(step: Callable, modules, steps: int, group=None) -> tuple[object, list[float]]:
+    """Run `step()` `steps` times, gradients zeroed before each: (last result, seconds per step).
 
-    Every rank builds the same model (same seed) and the same batch (batch_size rows, default
-    2 per microbatch), splits the layers into the schedule's stages and keeps its own, then
-    calls `execute`. Returns (loss or None, {monolith parameter name: gradient}) for this rank's
-    stages, so the notebook can compare with `monolith_step`; with stats=True, also the dict
-    `execute` fills. Ranks of the group outside the schedule return None.
+    Each step starts from a barrier of `group`, so the ranks start together and each one's time
+    is its own share of the step (the step time is the slowest rank's). The first step of a
+    pipeline pays one-off costs (shape handshake, torch's shape inference): drop it when timing.
     """
-    from .model import MLP, MLPConfig
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r}; pass an integer >= 1")
+    out, times = None, []
+    for _ in range(steps):
+        for mod in modules:
+            mod.zero_grad(set_to_none=True)
+        dist.barrier(group)
+        t0 = time.perf_counter()
+        out = step()
+        times.append(time.perf_counter() - t0)
+    return out, times
 
-    model_config = model_config or MLPConfig()
-    s = resolve_schedule(schedule, p, m, num_chunks)
-    batch_size = batch_size or 2 * s.num_microbatches
-    rank = dist.get_rank(group)
-    if rank < 0 or rank >= s.num_ranks:
-        return None
-    model = MLP(model_config, seed=model_seed).to(dtype)
-    bounds = partition(len(model.layers), s.num_stages, balance,
-                       [sum(q.numel() for q in layer.parameters()) for layer in model.layers])
-    modules = split_into_stages(model.layers, s.num_stages, [len(b) for b in bounds])
+
+class Runner(NamedTuple):
+    """One rank's training step, built and ready: `step()` runs it (the loss or None), `modules`
+    are this rank's stage modules (to zero between steps), `grads()` their gradients under the
+    monolith's names. `prepare_step` builds pipelib's, `pipeline_torch.prepare_torch_step` torch's."""
+
+    step: Callable[[], object]
+    modules: list
+    grads: Callable[[], dict]
+
+
+def prepare_step(s: Schedule, model_config, rank: int, batch_seed: int = 0, *, batch_size: int,
+                 model_seed: int = 0, balance="layers", costs=None, group=None,
+                 dtype=torch.float32, info: dict | None = None, recv_ahead: int = 1,
+                 check: bool = False) -> Runner:
+    """Build the seeded MLP, keep `rank`'s stages of `s` and the batch: a `Runner` of `execute`."""
+    bounds, modules = stage_modules(model_config, s.num_stages, model_seed=model_seed,
+                                    balance=balance, dtype=dtype)
     mine = [Stage(modules[k], k, s.num_stages) for k in s.stages_of(rank)]
     dev = current()
     # A fresh tracker: this step's model is new, and pointers of earlier models' parameters
@@ -291,15 +372,53 @@ def train_step(schedule, p: int | None = None, m: int | None = None, model_confi
     dev.memory = MemoryTracker(dev.rank, dev.memory.capacity)
     dev.memory.track_module(nn.ModuleList(st.module for st in mine))
     x, y = make_batch(model_config, batch_size, batch_seed)
+    x, shapes = x.to(dtype), {}
+
+    def step():
+        return execute(s, mine, x, y, F.cross_entropy, group, costs=costs, stats=info,
+                       shapes=shapes, recv_ahead=recv_ahead, check=check)
+
+    def grads():
+        return {k: g for st in mine for k, g in stage_grads(bounds, st.index, st.module).items()}
+
+    return Runner(step, [st.module for st in mine], grads)
+
+
+def train_step(schedule, p: int | None = None, m: int | None = None, model_config=None,
+               batch_seed: int = 0, *, batch_size: int | None = None, model_seed: int = 0,
+               num_chunks: int = 2, balance="layers", costs=None, group=None,
+               dtype=torch.float32, stats: bool = False, steps: int = 1, timed: bool = False,
+               recv_ahead: int = 1, check: bool = False):
+    """Run on every engine: build the MLP from a seed, keep this rank's stages, run one step.
+
+    Every rank builds the same model (same seed) and the same batch (batch_size rows, default
+    2 per microbatch), splits the layers into the schedule's stages and keeps its own, then
+    calls `execute`. Returns (loss or None, {monolith parameter name: gradient}) for this rank's
+    stages, so the notebook can compare with `monolith_step`; with stats=True, also the dict
+    `execute` fills. Ranks of the group outside the schedule return None.
+
+    `steps` > 1 repeats the step on the same stages (gradients zeroed between, the shape
+    handshake done once); the result is the last step's. With timed=True the list of seconds
+    per step (`timed_steps`) is appended to the returned tuple (the benchmark's timing mode).
+    `recv_ahead` and `check` are `execute`'s.
+    """
+    from .model import MLPConfig
+
+    s = resolve_schedule(schedule, p, m, num_chunks)
+    rank = dist.get_rank(group)
+    if rank < 0 or rank >= s.num_ranks:
+        return None
     info: dict = {}
-    loss = execute(s, mine, x.to(dtype), y, F.cross_entropy, group, costs=costs, stats=info)
-    grads = {}
-    for st in mine:
-        first = bounds[st.index].start
-        for name, prm in st.module.named_parameters():
-            k, _, rest = name.partition(".")
-            grads[f"layers.{first + int(k)}.{rest}"] = prm.grad
-    return (loss, grads, info) if stats else (loss, grads)
+    run = prepare_step(s, model_config or MLPConfig(), rank, batch_seed,
+                       batch_size=batch_size or 2 * s.num_microbatches, model_seed=model_seed,
+                       balance=balance, costs=costs, group=group, dtype=dtype, info=info,
+                       recv_ahead=recv_ahead, check=check)
+    if steps == 1 and not timed:
+        loss, times = run.step(), []
+    else:
+        loss, times = timed_steps(run.step, run.modules, steps, group)
+    out = (loss, run.grads()) + ((info,) if stats else ())
+    return out + (times,) if timed else out
 
 
 def run_train_step(cluster, schedule, p=None, m=None, model_config=None, batch_seed: int = 0,

@@ -117,6 +117,32 @@ def split_into_stages(layers, num_stages: int, balance="layers") -> list[nn.Sequ
             for r in partition(len(layers), num_stages, balance, costs)]
 
 
+def stage_modules(model_config, num_stages: int, *, model_seed: int = 0, balance="layers",
+                  dtype=None) -> tuple[list[range], list[nn.Sequential]]:
+    """The seeded MLP cut into `num_stages` stages: (layer ranges, one nn.Sequential each).
+
+    Every rank builds the same model (same seed) and cuts it the same way, so stage k is the
+    same on every rank and in `pipelib.pipeline_torch` (which hands these modules to torch).
+    """
+    from .model import MLP  # the model knows nothing of stages: imported here, not there
+
+    model = MLP(model_config, seed=model_seed)
+    if dtype is not None:
+        model = model.to(dtype)
+    bounds = partition(len(model.layers), num_stages, balance,
+                       [layer_cost(layer) for layer in model.layers])
+    return bounds, split_into_stages(model.layers, num_stages, [len(b) for b in bounds])
+
+
+def stage_grads(bounds: list[range], index: int, module: nn.Module) -> dict:
+    """Stage `index`'s gradients under the monolith's names: '1.0.weight' -> 'layers.5.0.weight'."""
+    grads = {}
+    for name, prm in module.named_parameters():
+        k, _, rest = name.partition(".")
+        grads[f"layers.{bounds[index].start + int(k)}.{rest}"] = prm.grad
+    return grads
+
+
 # ----------------------------------------------------------------------------- one stage
 @dataclass
 class _Stash:

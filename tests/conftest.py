@@ -4,11 +4,12 @@ import uuid
 
 import pytest
 
+from leftovers import SESSION_VAR, cluster_processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every process this test session starts (kernels, engines, book builds) inherits this mark, so
 # the leftover check below sees only our own processes, not those of another run on the machine.
-SESSION_VAR = "PIPELIB_TEST_SESSION"
-os.environ[SESSION_VAR] = SESSION = uuid.uuid4().hex
+os.environ[SESSION_VAR] = uuid.uuid4().hex
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +17,7 @@ def cluster4():
     """One 4-engine simulated cluster shared by the cluster tests (start-up costs seconds)."""
     from pipelib.cluster import Cluster
 
-    c = Cluster(4, timeout=8)
+    c = Cluster(4, timeout=30)  # generous: first runs on fresh engines import and count FLOPs
     yield c
     c.stop()
 
@@ -30,23 +31,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def cluster_processes():
-    """Pids of the ipyparallel controllers/engines and pipelib watchdogs this session started."""
-    import psutil
-
-    out = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if ("ipyparallel.engine" in cmd or "ipyparallel.controller" in cmd or "ipcluster" in cmd
-                or "pipelib._watchdog" in cmd):
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(SESSION_VAR) == SESSION:
-                    out.append(p.info["pid"])
-            except psutil.Error:
-                pass
-    return out
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -63,3 +47,9 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
     else:
         sys.stderr.write("\nno cluster process left behind\n")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The book's tests go last: the book is built from the chapters nbval just ran
+    (notebooks/conftest.py keeps their outputs), so they must have run first."""
+    items.sort(key=lambda item: item.get_closest_marker("book") is not None)

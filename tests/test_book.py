@@ -42,6 +42,11 @@ BOOK_PAGES = [
     "notebooks/03_transformers.html",
     "notebooks/04_parallel_computing.html",
     "notebooks/05_point_to_point.html",
+    "notebooks/06_collectives.html",
+    "notebooks/10_pipelines_naive.html",
+    "notebooks/11_gpipe.html",
+    "notebooks/12_one_f_one_b.html",
+    "notebooks/13_zero_bubble.html",
 ]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -91,18 +96,59 @@ def book_assets():
     assert proc.returncode == 0, f"tools/book_assets.sh failed:\n{proc.stdout}\n{proc.stderr}"
 
 
+def _staged_from_nbval(executed: dict) -> Path | None:
+    """A copy of the book whose chapters carry the outputs nbval computed in this session.
+
+    None unless every chapter of the toc ran under nbval in this session (notebooks/conftest.py).
+    The copy's config does not execute notebooks, except a chapter whose outputs hold a widget:
+    the build runs that one again (nbval does not record widget state, which the page needs).
+    """
+    import nbformat
+    import yaml
+
+    chapters = [f for f in _toc_files() if (ROOT / f"{f}.ipynb").is_file()]
+    if not chapters or any((ROOT / f"{f}.ipynb").resolve() not in executed for f in chapters):
+        return None
+    stage = ROOT / "_build" / "staged"
+    shutil.rmtree(stage, ignore_errors=True)
+    (stage / "notebooks").mkdir(parents=True)
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = "off"
+    (stage / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    shutil.copy(ROOT / "_toc.yml", stage / "_toc.yml")
+    (stage / "book").symlink_to(ROOT / "book")
+    for f in chapters:
+        nb = nbformat.read(str(executed[(ROOT / f"{f}.ipynb").resolve()]), as_version=4)
+        widgets = any("application/vnd.jupyter.widget-view+json" in out.get("data", {})
+                      for cell in nb.cells for out in cell.get("outputs", []))
+        if widgets:
+            nb = nbformat.read(str(ROOT / f"{f}.ipynb"), as_version=4)
+            nb.metadata["mystnb"] = {"execution_mode": "force"}
+        (stage / f"{f}.ipynb").parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, str(stage / f"{f}.ipynb"))
+    return stage
+
+
 @pytest.fixture(scope="session")
-def built_book(book_assets) -> Path:
-    """The whole book in _build/html, built once per session (or reused: PIPELIB_BOOK_BUILT=1)."""
+def built_book(book_assets, request) -> Path:
+    """The whole book, built once per session with warnings as errors.
+
+    After nbval ran every chapter in this session (`pytest tests notebooks`, as `make test`
+    does), the book is built from those executed chapters in _build/staged; otherwise every
+    chapter runs again in the build, into _build/html. PIPELIB_BOOK_BUILT=1 reuses _build/html.
+    """
     if os.environ.get("PIPELIB_BOOK_BUILT") == "1":
         assert (BUILD_HTML / "index.html").is_file(), (
             f"PIPELIB_BOOK_BUILT=1 but {BUILD_HTML}/index.html does not exist: run `make book`"
         )
         return BUILD_HTML
     (ROOT / "_build").mkdir(exist_ok=True)
-    seconds = _jupyter_book_build(ROOT, ROOT / "_build" / "book-build.log")
-    print(f"\nbook built in {seconds:.0f} s")
-    return BUILD_HTML
+    stage = _staged_from_nbval(getattr(request.config, "pipelib_executed", {}))
+    source = stage or ROOT
+    seconds = _jupyter_book_build(source, ROOT / "_build" / "book-build.log")
+    how = "from the chapters nbval ran" if stage else "running every chapter"
+    print(f"\nbook built in {seconds:.0f} s, {how}")
+    return source / "_build" / "html"
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_torchrun_check_three_ranks():

@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from conftest import cluster_processes
+from leftovers import cluster_processes
 from pipelib.cluster import Cluster, RankDiedError, RankError, RankTimeoutError
 from pipelib.device import SimulatedOutOfMemoryError
 

@@ -171,6 +171,8 @@ def _mismatch(kind):
         C.broadcast(torch.ones(3), src=r % 2)
     elif kind == "avg-int":
         C.all_reduce(torch.ones(3, dtype=torch.int32), op="avg")
+    elif kind == "collective":
+        (C.all_gather if r == 3 else C.all_reduce)(torch.ones(4))
 
 
 @pytest.mark.parametrize("kind,pattern", [
@@ -178,6 +180,7 @@ def _mismatch(kind):
     ("dtype", r"rank 1 \(3,\) int64"),
     ("root", r"root differs: rank 0 0, rank 1 1"),
     ("avg-int", r"op 'avg' on torch.int32"),
+    ("collective", r"collective differs: rank 0 all_reduce, rank 1 all_reduce, rank 2 all_reduce, rank 3 all_gather"),
 ])
 def test_mismatch_is_a_clear_error_and_the_cluster_stays_usable(cluster4, kind, pattern):
     with pytest.raises(RankError, match=pattern) as err:
@@ -217,3 +220,133 @@ def test_replay_from_the_trace_ends_where_the_collective_promises(cluster4, name
         assert all(cell == full for row in final for cell in row)
     fig = viz_comms.collective_animation(trace, name)
     assert len(fig.frames) == len({r["step"] for r in rows}) + 1
+
+
+def _segmented(ranks, cases):
+    """Ring collectives cut into segments (as on a real device) against gloo's built-ins."""
+    import torch
+    import torch.distributed as dist
+
+    from pipelib import collectives as C, comms
+
+    g = _group(ranks)
+    if dist.get_rank() not in ranks:
+        return []
+    n, me, bad = len(ranks), ranks.index(dist.get_rank()), []
+    for shape, seg in cases:
+        gen = torch.Generator().manual_seed(7 * dist.get_rank() + shape[0])
+        x = torch.randn(shape, generator=gen, dtype=torch.float64)
+        for op in ("sum", "avg", "max"):
+            ref = x.clone()
+            dist.all_reduce(ref, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=g)
+            ref = ref / n if op == "avg" else ref
+            for name, got, want in (
+                    ("all_reduce", lambda: C.all_reduce(x.clone(), op, g, segment_bytes=seg), ref),
+                    ("reduce_scatter", lambda: C.reduce_scatter(x, op, g, segment_bytes=seg),
+                     torch.tensor_split(ref, n)[me])):
+                comms.reset_counters()
+                y = got()
+                sent = comms.counters()["bytes_sent"]
+                if not torch.allclose(y, want, rtol=1e-12, atol=1e-12):
+                    bad.append(f"{name} {op} n={n} shape={shape} segment_bytes={seg}: values differ")
+                if sent != C.expected_bytes(name, shape, 8, n, me):
+                    bad.append(f"{name} n={n} shape={shape} segment_bytes={seg}: sent {sent} bytes")
+        want = torch.empty((n * shape[0], *shape[1:]), dtype=x.dtype)
+        dist.all_gather_into_tensor(want, x, group=g)
+        if not torch.equal(C.all_gather(x, g, segment_bytes=seg), want):
+            bad.append(f"all_gather n={n} shape={shape} segment_bytes={seg}: values differ")
+    return bad
+
+
+@pytest.mark.parametrize("ranks", [(0, 1), (1, 2, 3), (0, 1, 2, 3)], ids=["n2", "n3-subgroup", "n4"])
+def test_segmented_rings_equal_the_builtin(cluster4, ranks):
+    """segment_bytes cuts every ring chunk into pipelined messages (the default on real devices;
+    given explicitly here on the simulated cluster): values and bytes must not change."""
+    cases = [((1,), 8), ((7,), 8), ((7,), 16), ((1000,), 800), ((1001,), 3000), ((9, 5), 48), ((4099,), 0)]
+    assert [b for r in cluster4.run(_segmented, list(ranks), cases, timeout=60) for b in r] == []
+
+
+def _measure(ranks, sizes):
+    from pipelib import pingpong
+
+    g = _group(ranks)
+    return pingpong.measure_collective("all_reduce", sizes, repeats=1, group=g, warmup=0)
+
+
+@pytest.mark.parametrize("ranks", [(0, 1), (1, 2, 3), (0, 1, 2, 3)], ids=["n2", "n3-subgroup", "n4"])
+def test_ring_all_reduce_time_is_the_alpha_beta_prediction_on_sim(cluster4, ranks):
+    """Virtual-clock time of the ring all-reduce, from a common start to its slowest rank,
+    equals 2(n-1) alpha + 2(n-1)/n N / beta at every size (sizes divisible by n)."""
+    from pipelib import pingpong
+    from pipelib.costmodel import PROFILES
+
+    link = PROFILES["toy-gpu"].link
+    sizes = [48, 4800, 48 * 1024, 48 * 2**14]
+    rows = [r for r in cluster4.run(_measure, list(ranks), sizes, timeout=60) if r is not None]
+    assert len(rows) == len(ranks) and all(r == rows[0] for r in rows)  # the same table on every rank
+    table = pingpong.compare("all_reduce", rows[0], len(ranks), link.alpha, link.beta)
+    assert [t["bytes"] for t in table] == sizes
+    for t in table:
+        assert t["measured"] == pytest.approx(t["predicted"], rel=1e-12), t
+
+
+def _shift(sizes):
+    from pipelib import pingpong
+
+    return pingpong.ring_shift(sizes, repeats=1, warmup=0)
+
+
+def test_ring_shift_fit_is_the_link_on_sim(cluster4):
+    from pipelib import pingpong
+    from pipelib.costmodel import PROFILES
+
+    link = PROFILES["toy-gpu"].link
+    rows = cluster4.run(_shift, [1, 1024, 2**20])[0]
+    alpha, beta = pingpong.fit_alpha_beta([r["bytes"] for r in rows], [r["time"] for r in rows])
+    assert alpha == pytest.approx(link.alpha, rel=1e-9) and beta == pytest.approx(link.beta, rel=1e-9)
+
+
+def _bad_args(kind):
+    import torch
+
+    from pipelib import pingpong
+
+    if kind == "segment":
+        C.all_reduce(torch.ones(4), segment_bytes=-1)
+    elif kind == "name":
+        pingpong.measure_collective("allreduce", [64])
+
+
+@pytest.mark.parametrize("kind,pattern", [
+    ("segment", r"all_reduce segment_bytes must be an int >= 0 \(0 = one message per chunk\) or None, got -1"),
+    ("name", r"unknown collective 'allreduce'"),
+])
+def test_bad_arguments_are_value_errors(cluster4, kind, pattern):
+    with pytest.raises(RankError, match=pattern):
+        cluster4.run(_bad_args, kind)
+    assert cluster4.run(_timed, "all_reduce", 8)  # nothing was posted: the cluster is usable
+
+
+def test_relative_fit_is_exact_on_a_line_and_keeps_alpha_when_a_big_size_is_off():
+    from pipelib import pingpong
+
+    sizes = [4**k for k in range(13)]
+    alpha, beta = 50e-6, 2e9
+    times = [alpha + s / beta for s in sizes]
+    for rel in (False, True):
+        a, b = pingpong.fit_alpha_beta(sizes, times, relative=rel)
+        assert a == pytest.approx(alpha, rel=1e-9) and b == pytest.approx(beta, rel=1e-9)
+    noisy = list(times)
+    noisy[11] *= 0.95  # 5% off at 4 MiB moves the plain intercept by 13%, the relative one by 0.1%
+    assert abs(pingpong.fit_alpha_beta(sizes, noisy)[0] / alpha - 1) > 0.1
+    assert pingpong.fit_alpha_beta(sizes, noisy, relative=True)[0] == pytest.approx(alpha, rel=0.01)
+
+
+def test_compare_is_measured_over_predicted():
+    from pipelib import pingpong
+
+    rows = [{"bytes": 1000, "time": 3.0}, {"bytes": 2000, "time": 2.5}]
+    out = pingpong.compare("all_reduce", rows, 2, alpha=0.5, beta=1000.0)
+    # ring all-reduce on 2 ranks: 2 alpha + N / beta
+    assert [o["predicted"] for o in out] == [2.0, 3.0]
+    assert [round(o["error"], 12) for o in out] == [0.5, round(2.5 / 3 - 1, 12)]

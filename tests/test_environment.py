@@ -4,7 +4,7 @@ import tomllib
 
 import yaml
 
-from conftest import ROOT
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _pins(reqs):

@@ -107,6 +107,54 @@ def test_measured_timeline_equals_simulate(cluster4, name, p, m):
             assert g[3:] == pytest.approx(w[3:], abs=1e-12), f"rank {r} {g[:3]}: {g[3:]} != {w[3:]}"
 
 
+def _ahead(recv_ahead, costs):
+    return train_step("zbv", 4, 8, CFG, batch_seed=8, costs=costs, recv_ahead=recv_ahead)
+
+
+@pytest.mark.parametrize("recv_ahead", [0, 3])
+def test_receives_posted_ahead_change_neither_gradients_nor_timeline(cluster4, recv_ahead):
+    """Posting receives early changes when bytes may flow, not what is computed or in which order."""
+    costs = Costs(F=1e-3, B=2e-3, I=1e-3, W=1e-3, p2p=get_profile(cluster4.spec.profile).message_time,
+                  message_bytes=ROWS * CFG.hidden * 4)
+    cluster4.reset()
+    losses, grads = _merge(cluster4.run(_ahead, recv_ahead, costs))
+    ref_loss, ref_grads = monolith_step(CFG, ROWS * 8, batch_seed=8)
+    torch.testing.assert_close(losses[0], ref_loss)
+    for k in ref_grads:
+        torch.testing.assert_close(grads[k], ref_grads[k])
+    measured = cluster4.trace().filter(kind=Kind.COMPUTE)
+    predicted = simulate(resolve_schedule("zbv", 4, 8), costs).events.filter(kind=Kind.COMPUTE)
+    for r in range(4):
+        got = [(e.label, e.stage, e.microbatch, e.start, e.end) for e in measured.filter(rank=r)]
+        want = [(e.label, e.stage, e.microbatch, e.start, e.end) for e in predicted.filter(rank=r)]
+        assert [g[:3] for g in got] == [w[:3] for w in want], f"rank {r} ran another order"
+        assert max(abs(g[3] - w[3]) + abs(g[4] - w[4]) for g, w in zip(got, want)) < 1e-12
+
+
+def _steps():
+    return train_step("1f1b", 4, 4, CFG, batch_seed=4, steps=3, timed=True)
+
+
+def test_repeated_steps_give_one_steps_gradients_and_times(cluster4):
+    res = cluster4.run(_steps)
+    assert all(len(t) == 3 and min(t) > 0 for _, _, t in res)
+    losses, grads = _merge([r[:2] for r in res])
+    ref_loss, ref_grads = monolith_step(CFG, ROWS * 4, batch_seed=4)
+    torch.testing.assert_close(losses[0], ref_loss)
+    for k in ref_grads:
+        torch.testing.assert_close(grads[k], ref_grads[k])
+
+
+def test_kept_shapes_refuse_another_batch_shape():
+    from pipelib.pipeline import _shapes
+
+    s = resolve_schedule("gpipe", 2, 2)
+    cache = {(s, 0): (((2, 16), torch.float32), {0: ((2, 16), torch.float32)}, {})}
+    with pytest.raises(ValueError, match=r"microbatches of \(\(4, 16\), torch.float32\) but the shapes"):
+        _shapes(s, {}, 0, None, torch.zeros(4, 16), cache)
+    assert _shapes(s, {}, 0, None, torch.zeros(2, 16), cache) == cache[s, 0][1:]
+
+
 def _sends(name, p, m):
     from pipelib.device import current
 

@@ -1,9 +1,11 @@
 """Figures are drawn from events, deterministic, and render through the display bundle."""
 import json
 
+import pytest
+
 from pipelib.display import figure_bundle
 from pipelib.trace import Event, Kind, Trace
-from pipelib.viz import memory_figure, speedup_figure, timeline_figure
+from pipelib.viz import memory_figure, speedup_figure, sweep_figure, timeline_figure
 
 
 def _trace(offset=0.0):
@@ -45,3 +47,35 @@ def test_bundle_is_deterministic_and_has_html_and_plotly_json():
     json.dumps(a["application/vnd.plotly.v1+json"])
     other = figure_bundle(speedup_figure({"m": ([1, 2], [1, 1.8])}, {"law": ([1, 2], [1, 1.9])}))
     assert other["text/html"].split('id="', 1)[1].split('"', 1)[0] != div
+
+
+def test_overlay_draws_two_row_groups_on_one_time_axis():
+    measured, predicted = _trace(offset=5.0), _trace()
+    fig = timeline_figure(measured, frames=2, unit="s", overlay=predicted)
+    order = list(fig.layout.yaxis.categoryarray)[::-1]  # top to bottom
+    assert order == ["measured · rank 0 · idle 50%", "measured · rank 1 · idle 50%",
+                     "predicted · rank 0 · idle 50%", "predicted · rank 1 · idle 50%"]
+    assert "bubble measured 50.0% · predicted 50.0%" in fig.layout.title.text
+    assert min(b for bar in fig.data for b in bar.base) == 0.0  # each from its own first event
+    legend = [bar.name for bar in fig.data if bar.showlegend is not False]
+    assert sorted(legend) == ["F", "recv-wait"]  # one legend entry per kind, not per group
+    assert all(len(f.data) == len(fig.data) for f in fig.frames)
+
+
+def test_sweep_figure_keeps_the_same_traces_in_every_frame():
+    only_f = Trace([Event(0, Kind.COMPUTE, "F", 0, 1, stage=0, microbatch=0)], world_size=1)
+    fig = sweep_figure({"1": only_f, "2": _trace()}, "t", param="p", unit="s")
+    assert [f.name for f in fig.frames] == ["1", "2"]
+    assert [len(f.data) for f in fig.frames] == [2, 2]  # F and recv-wait, empty where absent
+    assert list(fig.frames[0].data[1].x) == []
+    assert "p = 1 · bubble 0.0%" in fig.frames[0].layout.title.text
+    assert "p = 2 · bubble 50.0%" in fig.frames[1].layout.title.text
+    assert list(fig.layout.yaxis.categoryarray) == ["rank 1", "rank 0"]
+    assert fig.layout.xaxis.range[1] == pytest.approx(2 * 1.02)
+    with pytest.raises(ValueError, match="at least one trace"):
+        sweep_figure({})
+
+
+def test_memory_figure_units():
+    fig = memory_figure(_trace(), unit="s", per=2**10, yaxis_title="KiB")
+    assert list(fig.data[1].y) == [0.0, 1024.0] and fig.layout.yaxis.title.text == "KiB"

@@ -53,9 +53,12 @@ done
 cp "$plotly_js" "$static/plotly.min.js"
 cp requirejs/require.js "$static/require.js"
 cp jupyter-widgets-html-manager/dist/embed-amd.js "$static/embed-amd.js"
-# fonts the bundle's CSS asks for next to its module URL (see book/_ext/static/widgets-require-config.js)
+# fonts the bundle's CSS asks for next to its module URL (see book/_ext/static/widgets-require-config.js):
+# @jupyter-widgets/html-manager looks in jupyter-widgets/html-manager/dist/, and
+# @jupyter-widgets/controls (a Button's icon) in jupyter-widgets/
 mkdir -p "$static/jupyter-widgets/html-manager/dist"
 cp jupyter-widgets-html-manager/dist/*.{woff2,woff,ttf,eot,svg} "$static/jupyter-widgets/html-manager/dist/"
+cp jupyter-widgets-html-manager/dist/*.{woff2,woff,ttf,eot,svg} "$static/jupyter-widgets/"
 cp -r mathjax/es5 "$static/mathjax"
 cd "$root" && rm -rf "$vendor/pack"
 

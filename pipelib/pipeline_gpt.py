@@ -1,0 +1,209 @@
+"""The tiny GPT as a pipeline: stages cut between blocks, and the tied embedding/head weight.
+
+    loss, grads = gpt_train_step("1f1b", p=4, m=8, gpt_config=GPTConfig(n_layer=8))  # every rank
+
+The GPT (`pipelib.model.GPT`, chapter 03) is cut between Transformer blocks: stage 0 runs the
+token and position embedding and its blocks, the last stage its blocks, the final LayerNorm and
+the language-model head, the stages between only blocks. Blocks are balanced by count, as
+Megatron-LM does (Shoeybi et al. 2019; Narayanan et al. 2021).
+
+One weight lives twice. GPT-2 ties the head to the token embedding (Press & Wolf 2017): the
+same (V, C) matrix turns token ids into vectors on stage 0 and vectors into logits on the last
+stage. On one process autograd sums both uses into one gradient. In a pipeline the rank of stage
+0 and the rank of the last stage each hold a copy and each sees only its own use, so after the
+step the two gradients must be summed across those two ranks, and both copies receive the sum
+(then equal optimizer steps keep the copies equal). Megatron-LM does this with an all-reduce on
+its "embedding group" {first rank, last rank}; `embedding_group` builds that group and
+`sum_tied_grads` runs it, or, without a group, exchanges the V x C gradient with the peer
+(each of the two ranks sends V*C*itemsize bytes and receives as many). When one rank holds both
+stages (V schedules) the two uses accumulate into one parameter and nothing is sent.
+
+Introduced in chapter 12 (pipelining a real model); the executor is `pipelib.pipeline.execute`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from . import collectives, comms
+from .device import MemoryTracker, current
+from .model import GPT, GPTConfig, cross_entropy
+from .pipeline import check_step, execute, resolve_schedule
+from .pipeline_stage import Stage, layer_cost, partition
+from .schedules import Schedule, as_schedule
+
+__all__ = ["PIPELINE_GPT", "gpt_stages", "tied_ranks", "embedding_group", "sum_tied_grads",
+           "make_tokens", "check_gpt_step", "gpt_train_step", "run_gpt_train_step",
+           "gpt_monolith_step"]
+
+# Eight blocks, so p=4 ranks with v=2 chunks each (8 stages) still get one block per stage.
+PIPELINE_GPT = GPTConfig(vocab_size=65, block_size=16, n_layer=8, n_head=2, n_embd=32)
+_TIE_TAG = 7000  # the tied-gradient exchange; apart from execute's tags (2 * stage + kind)
+
+
+def gpt_stages(model: GPT, num_stages: int, balance="layers") -> list[nn.Sequential]:
+    """Cut `model` into `num_stages` `nn.Sequential`s of shared (not copied) modules.
+
+    Stage 0: [embed, its blocks]; last stage: [its blocks, head]; between: blocks only. With a
+    single stage: [embed, every block, head]. `balance` splits the blocks as
+    `pipelib.pipeline_stage.partition` does ("layers", "cost" or a list of block counts).
+    """
+    blocks = list(model.blocks)
+    bounds = partition(len(blocks), num_stages, balance, [layer_cost(b) for b in blocks])
+    stages = []
+    for k, r in enumerate(bounds):
+        mods = [model.embed] if k == 0 else []
+        mods += blocks[r.start:r.stop]
+        mods += [model.head] if k == num_stages - 1 else []
+        stages.append(nn.Sequential(*mods))
+    return stages
+
+
+def tied_ranks(schedule) -> tuple[int, int]:
+    """(rank of stage 0, rank of the last stage), in the schedule's group: the two copies."""
+    s = as_schedule(schedule)
+    return s.stage_to_rank[0], s.stage_to_rank[s.num_stages - 1]
+
+
+def embedding_group(schedule, pipeline_ranks=None):
+    """Megatron-LM's embedding group: the ranks of stage 0 and of the last stage.
+
+    `dist.new_group` is collective: call this on EVERY rank of the default group, in the same
+    order as any other new_group. `pipeline_ranks` lists the global ranks of the pipeline's
+    group (default 0..num_ranks-1). Returns None when one rank holds both stages.
+    """
+    first, last = tied_ranks(schedule)
+    if first == last:
+        return None
+    ranks = list(range(max(first, last) + 1)) if pipeline_ranks is None else list(pipeline_ranks)
+    return dist.new_group(sorted([ranks[first], ranks[last]]))
+
+
+def sum_tied_grads(weight: nn.Parameter, schedule, group=None, emb_group=None) -> None:
+    """Sum `weight.grad` over the rank of stage 0 and the rank of the last stage, in place.
+
+    With `emb_group` (from `embedding_group`), a ring all-reduce on it (`pipelib.collectives`;
+    on 2 ranks each sends N = V*C*itemsize bytes); without, each of the two ranks sends its
+    (V, C) gradient to the other on `group` and adds what it receives (g_first + g_last on
+    both: the same float sum, bit for bit). Other ranks, and a rank holding both, do nothing.
+    """
+    s = as_schedule(schedule)
+    first, last = tied_ranks(s)
+    rank = dist.get_rank(group)
+    if first == last or rank not in (first, last):
+        return
+    if weight.grad is None:
+        raise RuntimeError(f"rank {rank}: the tied embedding/head weight has no gradient; run the "
+                           f"step's backward before sum_tied_grads")
+    grad = weight.grad  # (V, C)
+    if emb_group is not None:
+        collectives.all_reduce(grad, "sum", group=emb_group)
+        return
+    peer = last if rank == first else first
+    other = torch.empty_like(grad)  # (V, C)
+    comms.sendrecv(grad, peer, other, peer, group, tag=_TIE_TAG)
+    grad.add_(other)
+
+
+def make_tokens(gpt_config: GPTConfig, batch_size: int, seq_len: int | None = None,
+                seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random next-token batch from a private generator: idx (B, T), targets (B, T) int64.
+
+    targets is idx shifted left by one, as nanoGPT's get_batch; T defaults to block_size.
+    """
+    T = gpt_config.block_size if seq_len is None else seq_len
+    g = torch.Generator().manual_seed(seed)
+    seq = torch.randint(0, gpt_config.vocab_size, (batch_size, T + 1), generator=g)  # (B, T+1)
+    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # (B, T), (B, T)
+
+
+def _check_one_stage_split(s: Schedule) -> None:
+    """One stage holding both the embedding and the head cannot split B into I and W:
+    `Stage.backward_weight` takes each layer's weight gradient through the whole graph behind
+    it, so the head's share of the tied weight would also count the embedding's."""
+    if s.num_stages == 1 and any(a.op.value in "IW" for acts in s.actions for a in acts):
+        raise ValueError(f"schedule {s.name!r} splits the backward into I and W on a single "
+                         f"stage that holds both uses of the tied embedding/head weight; use at "
+                         f"least 2 stages or a schedule with full backwards (B)")
+
+
+def check_gpt_step(schedule, p=None, m=None, gpt_config=None, batch_size=None, *,
+                   seq_len: int | None = None, num_chunks: int = 2, balance="layers",
+                   world_size: int | None = None) -> Schedule:
+    """Every check of a GPT pipeline step that needs no engine (see `pipeline.check_step`)."""
+    cfg = gpt_config or PIPELINE_GPT
+    s = check_step(schedule, p, m, None, batch_size, num_chunks=num_chunks, world_size=world_size)
+    if cfg.n_layer < s.num_stages:
+        raise ValueError(f"GPTConfig(n_layer={cfg.n_layer}) has {cfg.n_layer} blocks but schedule "
+                         f"{s.name!r} has num_stages={s.num_stages} stages; every stage needs at "
+                         f"least one block: use n_layer >= {s.num_stages} or fewer stages")
+    partition(cfg.n_layer, s.num_stages, balance, [1.0] * cfg.n_layer)
+    _check_one_stage_split(s)
+    if seq_len is not None and not 1 <= seq_len <= cfg.block_size:
+        raise ValueError(f"seq_len={seq_len} must be between 1 and block_size={cfg.block_size}")
+    return s
+
+
+def gpt_train_step(schedule, p: int | None = None, m: int | None = None,
+                   gpt_config: GPTConfig | None = None, batch_seed: int = 0, *,
+                   batch_size: int | None = None, seq_len: int | None = None, model_seed: int = 0,
+                   num_chunks: int = 2, balance="layers", costs=None, group=None, emb_group=None,
+                   tie: bool = True, dtype=torch.float32, stats: bool = False):
+    """Run on every engine: one pipelined forward and backward of the tiny GPT.
+
+    Every rank builds the same GPT (same seed) and batch (`make_tokens`, default 2 rows per
+    microbatch), cuts it with `gpt_stages`, keeps its own stages and calls `execute` with
+    next-token cross-entropy on (B, T, V) logits vs (B, T) targets. Then the tied
+    embedding/head gradient is summed over the first and last stage's ranks (`sum_tied_grads`;
+    tie=False skips it, to show what goes wrong). Returns (loss or None, {monolith parameter
+    name: gradient}) for this rank's stages, the tied weight as "embed.wte.weight" on both of
+    its ranks; with stats=True also execute's stats plus tied_bytes_sent.
+    """
+    cfg = gpt_config or PIPELINE_GPT
+    s = resolve_schedule(schedule, p, m, num_chunks)
+    _check_one_stage_split(s)
+    batch_size = batch_size or 2 * s.num_microbatches
+    rank = dist.get_rank(group)
+    if rank < 0 or rank >= s.num_ranks:
+        return None
+    model = GPT(cfg, seed=model_seed).to(dtype)
+    modules = gpt_stages(model, s.num_stages, balance)
+    mine = [Stage(modules[k], k, s.num_stages) for k in s.stages_of(rank)]
+    dev = current()
+    dev.memory = MemoryTracker(dev.rank, dev.memory.capacity)  # a new model: forget old pointers
+    dev.memory.track_module(nn.ModuleList(st.module for st in mine))
+    idx, targets = make_tokens(cfg, batch_size, seq_len, batch_seed)  # (B, T), (B, T)
+    info: dict = {}
+    loss = execute(s, mine, idx, targets, cross_entropy, group, costs=costs, stats=info)
+    sent = comms.counters()["bytes_sent"]
+    if tie:
+        sum_tied_grads(model.embed.wte.weight, s, group, emb_group)
+    info["tied_bytes_sent"] = comms.counters()["bytes_sent"] - sent
+    held = {id(q) for st in mine for q in st.module.parameters()}
+    grads = {name: q.grad for name, q in model.named_parameters() if id(q) in held}
+    return (loss, grads, info) if stats else (loss, grads)
+
+
+def run_gpt_train_step(cluster, schedule, p=None, m=None, gpt_config=None, batch_seed: int = 0,
+                       **kw) -> list:
+    """Check everything in the notebook process (`check_gpt_step`), then run on every rank."""
+    s = check_gpt_step(schedule, p, m, gpt_config, kw.get("batch_size"),
+                       seq_len=kw.get("seq_len"), num_chunks=kw.get("num_chunks", 2),
+                       balance=kw.get("balance", "layers"), world_size=cluster.world_size)
+    return cluster.run(gpt_train_step, s, None, None, gpt_config, batch_seed, **kw)
+
+
+def gpt_monolith_step(gpt_config: GPTConfig | None = None, batch_size: int = 8,
+                      batch_seed: int = 0, *, seq_len: int | None = None, model_seed: int = 0,
+                      dtype=torch.float32):
+    """The reference: the whole GPT on one process, one forward and backward: (loss, grads).
+
+    The tied weight appears once, as "embed.wte.weight", holding both uses' gradient.
+    """
+    cfg = gpt_config or PIPELINE_GPT
+    model = GPT(cfg, seed=model_seed).to(dtype)
+    idx, targets = make_tokens(cfg, batch_size, seq_len, batch_seed)  # (B, T), (B, T)
+    _, loss = model(idx, targets)
+    loss.backward()
+    return loss.detach(), {n: q.grad for n, q in model.named_parameters()}

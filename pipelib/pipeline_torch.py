@@ -1,0 +1,285 @@
+"""The same training step through torch.distributed.pipelining, to check pipelib's executor.
+
+    run_torch_train_step(cluster, "zbv", 4, 8, cfg)   # per rank: (loss or None, {name: grad})
+    run_train_step(cluster, "zbv", 4, 8, cfg)         # pipelib's, same shape of result
+
+Both build the same MLP (same seed), cut it at the same layer boundaries (`stage_modules`) and
+put stage k on the same rank: stage k on rank k % p for looped schedules (GPipe, 1F1B,
+interleaved, zero bubble), a V for ZB-V and DualPipeV (stage k on rank k for k < p, then back
+down). The difference is who runs the schedule: pipelib's `execute`, or torch's
+`PipelineStage` + schedule class, which infers shapes on its first step, batches its p2p
+messages and lowers the schedule to compute and communication actions. Who sends what is the
+same on both sides: the F of stage s sends its output (rows x width floats) to stage s+1's
+rank, the B or I of stage s its input gradient (the same bytes) to stage s-1's rank; torch
+sends each as one gloo message on tag 0, pipelib on a tag per (kind, stage), with `comms`'
+small header only on simulated devices or with check=True. So the two gradients, and the
+monolith's (`monolith_step`), can be compared with `assert_close`, and the two step times set
+side by side (`compare_step_times`, bench/pipelines.py). Two steps must not overlap on a rank
+pair (torch's tag 0 is also pipelib's first activation queue): one `cluster.run` per step, or
+a barrier between them, as `timed_steps` does.
+
+`torch_pipeline_order` returns torch's own action order as a pipelib `Schedule`, so the book
+can print both tables side by side (`format_table`).
+
+Chapter 13 (pipelines IV: zero bubble, DualPipeV, against PyTorch).
+"""
+from __future__ import annotations
+
+import csv
+import io
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .pipeline import _ALIASES, Runner, check_step, make_batch, resolve_schedule, timed_steps
+from .pipeline_stage import stage_grads, stage_modules
+from .schedules import Schedule, from_csv
+
+__all__ = ["TORCH_SCHEDULES", "check_torch_step", "prepare_torch_step", "torch_train_step",
+           "run_torch_train_step", "compare_step_times", "run_compare_step_times",
+           "torch_pipeline_order"]
+
+# pipelib's schedule name -> torch's class (torch.distributed.pipelining). zb_h1 is torch's
+# ZB1P with one stage per rank. pipelib's naive has no torch counterpart, torch's LoopedBFS
+# none in pipelib.
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved_1f1b": "ScheduleInterleaved1F1B",
+    "zb_h1": "ScheduleInterleavedZeroBubble",
+    "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipe_v": "ScheduleDualPipeV",
+}
+_V_SHAPED = ("zbv", "dualpipe_v")
+
+
+def _torch_name(schedule) -> str:
+    if not isinstance(schedule, str):
+        raise ValueError(f"torch.distributed.pipelining runs its own schedules, chosen by name: "
+                         f"pass one of {sorted(TORCH_SCHEDULES)}, not {type(schedule).__name__}")
+    name = _ALIASES.get(schedule, schedule)
+    if name not in TORCH_SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} has no counterpart in torch.distributed.pipelining; "
+                         f"choose one of {sorted(TORCH_SCHEDULES)}")
+    return name
+
+
+def _torch_placement(name: str, p: int, num_stages: int) -> tuple[int, ...]:
+    """torch's stage -> rank map: looped (stage % p), or V for ZB-V and DualPipeV."""
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    mapping = generate_stage_to_rank_mapping(p, num_stages, "v" if name in _V_SHAPED else "loop")
+    return tuple(mapping[k] for k in range(num_stages))
+
+
+def check_torch_step(schedule, p, m, model_config=None, batch_size=None, *, num_chunks: int = 2,
+                     world_size: int | None = None) -> Schedule:
+    """`check_step`, plus what torch refuses; run it in the notebook before any engine work.
+
+    Raises a ValueError naming the values for: a schedule torch lacks (naive, a custom
+    Schedule), m < p with 1F1B (torch's Schedule1F1B needs m >= p; pipelib's runs any m), and a
+    stage placement that differs from torch's (then the comparison would be meaningless).
+    Returns pipelib's Schedule of the same name.
+    """
+    name = _torch_name(schedule)
+    s = check_step(name, p, m, model_config, batch_size, num_chunks=num_chunks, world_size=world_size)
+    if name == "1f1b" and m < p:
+        raise ValueError(f"torch's Schedule1F1B refuses m={m} microbatches with p={p} stages (it "
+                         f"needs m >= p; pipelib's 1f1b runs any m): use m >= {p}")
+    theirs = _torch_placement(name, p, s.num_stages)
+    if theirs != s.stage_to_rank:
+        raise ValueError(f"{name}: pipelib puts stages on ranks {list(s.stage_to_rank)} but torch "
+                         f"on {list(theirs)}; the two runs would not be comparable")
+    return s
+
+
+def _group_of(p: int, group):
+    """(group, made): the p ranks of the pipeline. torch's stages need a group of exactly p ranks:
+    on a bigger world without `group`, a subgroup of ranks 0..p-1 is made (every rank must call)."""
+    size = dist.get_world_size(group)
+    if size == p:
+        return group, False
+    if group is not None:
+        raise ValueError(f"torch's pipelining needs a group of exactly p={p} ranks; this one has {size}")
+    return dist.new_group(list(range(p))), True
+
+
+def _torch_pipeline(name: str, s: Schedule, modules, rank: int, group, device):
+    """This rank's torch PipelineStages (same modules as pipelib's) and torch's schedule object."""
+    import torch.distributed.pipelining as pp
+
+    stages = [pp.PipelineStage(modules[k], k, s.num_stages, device, group=group)
+              for k in s.stages_of(rank)]
+    cls = getattr(pp, TORCH_SCHEDULES[name])
+    single = issubclass(cls, pp.schedules.PipelineScheduleSingle)
+    # loss_fn gives each microbatch's mean loss; scale_grads (default) divides the summed
+    # gradients by m, so they equal the whole batch's mean, as pipelib's 1/m per microbatch.
+    return stages, cls(stages[0] if single else stages, s.num_microbatches, loss_fn=F.cross_entropy)
+
+
+def prepare_torch_step(name: str, s: Schedule, model_config, rank: int, batch_seed: int = 0, *,
+                       batch_size: int, model_seed: int = 0, balance="layers", group=None,
+                       dtype=torch.float32) -> Runner:
+    """`pipeline.prepare_step`'s twin: the same stages of the same MLP, run by torch's schedule."""
+    from .device import current
+
+    device = current().torch_device
+    bounds, modules = stage_modules(model_config, s.num_stages, model_seed=model_seed,
+                                    balance=balance, dtype=dtype)
+    mine = s.stages_of(rank)
+    for k in mine:
+        modules[k].to(device)
+    stages, sched = _torch_pipeline(name, s, modules, rank, group, device)
+    x, y = make_batch(model_config, batch_size, batch_seed)
+    args = (x.to(dtype).to(device),) if 0 in mine else ()
+    target = y.to(device) if s.num_stages - 1 in mine else None
+
+    def step():
+        losses: list = []
+        sched.step(*args, target=target, losses=losses)
+        return torch.stack(losses).mean().detach().cpu() if losses else None
+
+    def grads():
+        return {n: g for k in mine for n, g in stage_grads(bounds, k, modules[k]).items()}
+
+    return Runner(step, [modules[k] for k in mine], grads)
+
+
+def torch_train_step(schedule: str, p: int, m: int, model_config=None, batch_seed: int = 0, *,
+                     batch_size: int | None = None, model_seed: int = 0, num_chunks: int = 2,
+                     balance="layers", group=None, dtype=torch.float32, steps: int = 1,
+                     timed: bool = False):
+    """Run on every engine: `pipeline.train_step`'s step, run by torch.distributed.pipelining.
+
+    Same model, batch, stage boundaries and placement as pipelib's `train_step`; torch's
+    `PipelineStage` wraps each of this rank's stage modules and torch's schedule class of the
+    same name runs `step(x, target=y, losses=...)`. Returns (loss or None, {monolith parameter
+    name: gradient}) for this rank's stages, like `train_step`; ranks outside the pipeline
+    return None. `steps` > 1 repeats the step on the same schedule object (torch infers shapes
+    on the first only); timed=True appends the seconds per step (`timed_steps`).
+
+    On a world bigger than p, every rank must call it (it makes a subgroup of ranks 0..p-1).
+    """
+    import torch.distributed.pipelining  # noqa: F401 (seconds on a loaded machine: before any message)
+
+    from .model import MLPConfig
+
+    name = _torch_name(schedule)
+    s = resolve_schedule(name, p, m, num_chunks)
+    group, made = _group_of(s.num_ranks, group)
+    try:
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        run = prepare_torch_step(name, s, model_config or MLPConfig(), dist.get_rank(group),
+                                 batch_seed, batch_size=batch_size or 2 * m,
+                                 model_seed=model_seed, balance=balance, group=group, dtype=dtype)
+        if steps == 1 and not timed:
+            loss, times = run.step(), []
+        else:
+            loss, times = timed_steps(run.step, run.modules, steps, group)
+        return (loss, run.grads(), times) if timed else (loss, run.grads())
+    finally:
+        if made and group is not dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(group)
+
+
+def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_seed: int = 0, *,
+                       steps: int = 5, batch_size: int | None = None, model_seed: int = 0,
+                       num_chunks: int = 2, balance="layers", group=None, dtype=torch.float32,
+                       recv_ahead: int = 1, check: bool = False):
+    """Run on every engine: pipelib's and torch's step alternately: {"pipelib": [s], "torch": [s]}.
+
+    Both are built once (same model, batch, stages and placement), then run alternately, step
+    by step, `steps` + 1 times each (pipelib first on even steps, torch first on odd), each
+    from a barrier (`timed_steps`); the first of each is a warm-up (shape inference) to drop.
+    Alternating step by step keeps the two sides' samples close in time on a shared machine.
+    The last steps' gradients must agree (torch.testing.assert_close), so both did the same work.
+    """
+    import torch.distributed.pipelining  # noqa: F401
+
+    from .model import MLPConfig
+    from .pipeline import prepare_step
+
+    model_config = model_config or MLPConfig()
+    name = _torch_name(schedule)
+    s = resolve_schedule(name, p, m, num_chunks)
+    group, made = _group_of(s.num_ranks, group)
+    try:
+        if group is dist.GroupMember.NON_GROUP_MEMBER:
+            return None
+        rank, batch_size = dist.get_rank(group), batch_size or 2 * m
+        kw = dict(batch_size=batch_size, model_seed=model_seed, balance=balance, group=group,
+                  dtype=dtype)
+        runs = {"pipelib": prepare_step(s, model_config, rank, batch_seed, recv_ahead=recv_ahead,
+                                        check=check, **kw),
+                "torch": prepare_torch_step(name, s, model_config, rank, batch_seed, **kw)}
+        times: dict = {"pipelib": [], "torch": []}
+        for i in range(steps + 1):
+            for side in (("pipelib", "torch") if i % 2 == 0 else ("torch", "pipelib")):
+                times[side] += timed_steps(runs[side].step, runs[side].modules, 1, group)[1]
+        ours, theirs = runs["pipelib"].grads(), runs["torch"].grads()
+        for k in ours:
+            torch.testing.assert_close(ours[k], theirs[k], msg=lambda e: f"rank {rank} {k}: {e}")
+        return times
+    finally:
+        if made and group is not dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(group)
+
+
+def run_torch_train_step(cluster, schedule: str, p: int, m: int, model_config=None,
+                         batch_seed: int = 0, **kw) -> list:
+    """Check in the notebook (`check_torch_step`), then `torch_train_step` on every rank."""
+    from .model import MLPConfig
+
+    check_torch_step(schedule, p, m, model_config or MLPConfig(), kw.get("batch_size"),
+                     num_chunks=kw.get("num_chunks", 2), world_size=cluster.world_size)
+    return cluster.run(torch_train_step, schedule, p, m, model_config, batch_seed, **kw)
+
+
+def run_compare_step_times(cluster, schedule: str, p: int, m: int, model_config=None,
+                           batch_seed: int = 0, **kw) -> dict:
+    """Check in the notebook, run `compare_step_times` on every rank, and reduce: per side the
+    step times (slowest rank per step, warm-up dropped) and their median."""
+    import statistics
+
+    from .model import MLPConfig
+
+    check_torch_step(schedule, p, m, model_config or MLPConfig(), kw.get("batch_size"),
+                     num_chunks=kw.get("num_chunks", 2), world_size=cluster.world_size)
+    per_rank = [r for r in cluster.run(compare_step_times, schedule, p, m, model_config,
+                                       batch_seed, **kw) if r is not None]
+    out = {}
+    for side in ("pipelib", "torch"):
+        steps = [max(r[side][i] for r in per_rank) for i in range(1, len(per_rank[0][side]))]
+        out[side] = {"steps_s": steps, "median_s": statistics.median(steps)}
+    out["ratio"] = out["pipelib"]["median_s"] / out["torch"]["median_s"]
+    return out
+
+
+def torch_pipeline_order(schedule: str, p: int, m: int, num_chunks: int = 2) -> Schedule:
+    """torch's own compute order for `schedule` as a pipelib Schedule (no process group needed).
+
+    torch computes every rank's order when a schedule object is built; like torch's
+    `_schedule_visualizer.get_schedule_ops`, a stand-in stage (a mock) gives it p and the
+    number of stages. Idle slots and REDUCE_GRAD are dropped and DualPipeV's OVERLAP_F_B pairs
+    written as two actions (`schedules.from_csv`). Note torch's Schedule1F1B *draws* its last
+    rank's order off by one (starting at F1) while its runtime runs F0 first, as pipelib does.
+    """
+    from unittest import mock
+
+    import torch.distributed.pipelining as pp
+
+    name = _torch_name(schedule)
+    s = resolve_schedule(name, p, m, num_chunks)
+    cls = getattr(pp, TORCH_SCHEDULES[name])
+    stage = mock.create_autospec(pp.PipelineStage, instance=True)
+    stage.group_rank, stage.group_size, stage.submod, stage.num_stages = 0, p, None, s.num_stages
+    single = issubclass(cls, pp.schedules.PipelineScheduleSingle)
+    order = cls(stage if single else [stage] * s.num_chunks, m).pipeline_order
+    out = io.StringIO()
+    writer = csv.writer(out)
+    for r in range(p):
+        writer.writerow(["" if a is None else repr(a) for a in order[r]])
+    return from_csv(out.getvalue(), num_microbatches=m, name=f"torch {cls.__name__}")
