@@ -25,6 +25,7 @@ Chapter 13 (pipelines IV: zero bubble, DualPipeV, against PyTorch).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 
@@ -95,15 +96,23 @@ def check_torch_step(schedule, p, m, model_config=None, batch_size=None, *, num_
     return s
 
 
-def _group_of(p: int, group):
-    """(group, made): the p ranks of the pipeline. torch's stages need a group of exactly p ranks:
-    on a bigger world without `group`, a subgroup of ranks 0..p-1 is made (every rank must call)."""
+@contextlib.contextmanager
+def _pipeline_group(p: int, group):
+    """The p ranks of the pipeline. torch's stages need a group of exactly p ranks: on a bigger
+    world without `group`, a subgroup of ranks 0..p-1 is made for the block and destroyed after
+    (every rank must enter; ranks outside get NON_GROUP_MEMBER)."""
     size = dist.get_world_size(group)
     if size == p:
-        return group, False
+        yield group
+        return
     if group is not None:
         raise ValueError(f"torch's pipelining needs a group of exactly p={p} ranks; this one has {size}")
-    return dist.new_group(list(range(p))), True
+    made = dist.new_group(list(range(p)))
+    try:
+        yield made
+    finally:
+        if made is not dist.GroupMember.NON_GROUP_MEMBER:
+            dist.destroy_process_group(made)
 
 
 def _torch_pipeline(name: str, s: Schedule, modules, rank: int, group, device):
@@ -168,8 +177,7 @@ def torch_train_step(schedule: str, p: int, m: int, model_config=None, batch_see
 
     name = _torch_name(schedule)
     s = resolve_schedule(name, p, m, num_chunks)
-    group, made = _group_of(s.num_ranks, group)
-    try:
+    with _pipeline_group(s.num_ranks, group) as group:
         if group is dist.GroupMember.NON_GROUP_MEMBER:
             return None
         run = prepare_torch_step(name, s, model_config or MLPConfig(), dist.get_rank(group),
@@ -180,9 +188,6 @@ def torch_train_step(schedule: str, p: int, m: int, model_config=None, batch_see
         else:
             loss, times = timed_steps(run.step, run.modules, steps, group)
         return (loss, run.grads(), times) if timed else (loss, run.grads())
-    finally:
-        if made and group is not dist.GroupMember.NON_GROUP_MEMBER:
-            dist.destroy_process_group(group)
 
 
 def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_seed: int = 0, *,
@@ -205,8 +210,7 @@ def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_s
     model_config = model_config or MLPConfig()
     name = _torch_name(schedule)
     s = resolve_schedule(name, p, m, num_chunks)
-    group, made = _group_of(s.num_ranks, group)
-    try:
+    with _pipeline_group(s.num_ranks, group) as group:
         if group is dist.GroupMember.NON_GROUP_MEMBER:
             return None
         rank, batch_size = dist.get_rank(group), batch_size or 2 * m
@@ -223,9 +227,6 @@ def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_s
         for k in ours:
             torch.testing.assert_close(ours[k], theirs[k], msg=lambda e: f"rank {rank} {k}: {e}")
         return times
-    finally:
-        if made and group is not dist.GroupMember.NON_GROUP_MEMBER:
-            dist.destroy_process_group(group)
 
 
 def run_torch_train_step(cluster, schedule: str, p: int, m: int, model_config=None,
