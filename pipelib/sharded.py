@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
 from . import comms
 from .device import MemoryTracker, current
-from .model import MLP
 from .pipeline import execute, resolve_schedule
-from .pipeline_stage import Stage, layer_cost, partition
+from .pipeline_stage import Stage, partition, stage_modules
 from .schedules import Op
 from .trace import Trace
 
@@ -62,11 +60,9 @@ class ShardedMLP:
         if self.rank >= num_stages:
             raise ValueError(f"rank {self.rank} has no stage: only ranks 0..{num_stages - 1} "
                              f"hold one of the {num_stages} stages")
-        model = MLP(config, seed=seed)
-        self.bounds = partition(len(model.layers), num_stages, balance,
-                                [layer_cost(layer) for layer in model.layers])
+        self.bounds, modules = stage_modules(config, num_stages, model_seed=seed, balance=balance)
         self.layers = self.bounds[self.rank]                    # e.g. range(2, 4)
-        self.module = nn.Sequential(*model.layers[self.layers.start:self.layers.stop])
+        self.module = modules[self.rank]
         self.stage = Stage(self.module, self.rank, num_stages)
         self.in_width = config.dims[self.layers.start]           # width of what stage r receives
         self.out_width = config.dims[self.layers.stop]           # width of what it sends on
