@@ -39,6 +39,7 @@ Introduced in chapter 04; chapter 05 is about these functions.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -125,11 +126,8 @@ class Handle:
         self.works, self.header, self.header_work = works, header, header_work
         self.t_post, self.label, self.fields = t_post, label, fields
         self.done, self.error, self.header_read = False, None, header_work is None
+        self.nbytes = tensor.numel() * tensor.element_size()
         _outstanding(dev)[id(self)] = self
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
 
     @property
     def _unposted(self) -> bool:  # a checked receive whose payload is not posted yet
@@ -180,8 +178,7 @@ class Handle:
         if not beacon or (self.header_read and self.works and all(w.is_completed() for w in self.works)):
             self._block()  # already there: no need to tell the activity beacon (two file writes)
         else:
-            verb = "send to" if self.op == "send" else "recv from"
-            with dev.activity.doing(f"{self.label}: {verb} rank {self.peer} ({_fmt_bytes(self.nbytes)}), waiting"):
+            with dev.activity.doing(_waiting(self.label, self.op, self.peer, self.nbytes)):
                 self._block()
         self.done = True
         dev._outstanding.pop(id(self), None)
@@ -207,6 +204,13 @@ class Handle:
             dev.tracer.record(Kind.RECV_WAIT, self.label, start, clock.now(), peer=self.peer,
                               bytes=self.nbytes, **self.fields)
         return self.tensor
+
+
+@functools.lru_cache(maxsize=4096)
+def _waiting(label: str, op: str, peer: int, nbytes: int) -> str:
+    """The beacon while a message is waited: "act for 2F3: recv from rank 1 (64.0 KiB), waiting"
+    (kept: a pipeline step waits for the same messages at every step)."""
+    return f"{label}: {'send to' if op == 'send' else 'recv from'} rank {peer} ({_fmt_bytes(nbytes)}), waiting"
 
 
 def _outstanding(dev: Device) -> dict:

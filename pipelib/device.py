@@ -21,7 +21,9 @@ Introduced in chapter 04.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import struct
 import time
 from dataclasses import dataclass
 
@@ -104,40 +106,68 @@ class WallClock:
 # ---------------------------------------------------------------- what a rank is doing
 class Activity:
     """A one-line beacon saying what this rank is doing, readable from the notebook process
-    while the rank is stuck (a blocked rank cannot answer a message, but a file can be read)."""
+    while the rank is stuck (a blocked rank cannot answer a message, but a file can be read).
+
+    The file is mapped into memory and holds the time it was set (8 bytes) and the text:
+    setting it is two copies into the page cache, no system call and no formatting of the
+    time, cheap enough for every compute op and message of a pipeline step. A text's bytes are
+    kept after their first use (a step repeats the same few hundred texts)."""
 
     SIZE = 512
+    _STAMP = struct.Struct("<d")
 
     def __init__(self, path: str | None = None):
-        self.path, self.fd, self.text = path, None, "idle"
+        self.path, self.map, self.text = path, None, "idle"
         if path:
-            self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            import mmap
+
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                os.ftruncate(fd, self.SIZE)
+                self.map = mmap.mmap(fd, self.SIZE)
+            finally:
+                os.close(fd)
             self.set("idle")
 
     def set(self, text: str) -> None:
         self.text = text
-        if self.fd is not None:
-            data = f"{time.time():.3f} {text}".encode()[: self.SIZE].ljust(self.SIZE)
-            os.pwrite(self.fd, data, 0)
+        if self.map is not None:
+            self.map[8:] = _encoded(text)
+            self._STAMP.pack_into(self.map, 0, time.time())
 
-    @contextlib.contextmanager
-    def doing(self, text: str):
-        before = self.text
-        self.set(text)
-        try:
-            yield
-        finally:
-            self.set(before)
+    def doing(self, text: str) -> "_Doing":
+        """Context manager: the beacon says `text` inside, what it said before after."""
+        return _Doing(self, text)
 
     @staticmethod
     def read(path: str) -> tuple[float | None, str]:
         """(seconds since it was set, text) for a beacon file; (None, 'unknown') if absent."""
         try:
             with open(path, "rb") as f:
-                stamp, _, text = f.read(Activity.SIZE).decode(errors="replace").strip().partition(" ")
-            return time.time() - float(stamp), text
-        except (OSError, ValueError):
+                data = f.read(Activity.SIZE)
+            (stamp,) = Activity._STAMP.unpack_from(data, 0)
+            return time.time() - stamp, data[8:].decode(errors="replace").rstrip()
+        except (OSError, ValueError, struct.error):
             return None, "unknown"
+
+
+@functools.lru_cache(maxsize=4096)
+def _encoded(text: str) -> bytes:
+    return text.encode()[: Activity.SIZE - 8].ljust(Activity.SIZE - 8)
+
+
+class _Doing:
+    __slots__ = ("activity", "text", "before")
+
+    def __init__(self, activity: Activity, text: str):
+        self.activity, self.text = activity, text
+
+    def __enter__(self):
+        self.before = self.activity.text
+        self.activity.set(self.text)
+
+    def __exit__(self, *exc):
+        self.activity.set(self.before)
 
 
 # ---------------------------------------------------------------- memory
@@ -146,8 +176,8 @@ class MemoryTracker:
 
     CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "buffers")
 
-    def __init__(self, rank: int = 0, capacity: int | None = None):
-        self.rank, self.capacity = rank, capacity
+    def __init__(self, rank: int = 0, capacity: int | None = None, track_activations: bool = True):
+        self.rank, self.capacity, self.track_activations = rank, capacity, track_activations
         self.bytes = dict.fromkeys(self.CATEGORIES, 0)
         self.peak = 0
         self._storages: dict[int, list] = {}  # storage ptr -> [refcount, nbytes]
@@ -199,44 +229,65 @@ class MemoryTracker:
         self.set("optimizer", n, "optimizer state")
 
     # -- saved activations
-    @contextlib.contextmanager
     def saved_activations(self):
-        """Count tensors autograd saves for backward (unique storages, parameters excluded)."""
+        """Count tensors autograd saves for backward (unique storages, parameters excluded).
+
+        A context manager: every tensor autograd saves inside it is packed into a `_Saved`,
+        which adds its storage's bytes when the first saved tensor of that storage appears and
+        takes them off when the last one is freed (when its graph dies). With
+        track_activations=False (real devices unless asked: `DeviceSpec.track_memory`) it does
+        nothing: the hooks cost a Python call per saved tensor, 4% of a CPU pipeline step."""
         import torch
 
-        tracker = self
+        if not self.track_activations:
+            return contextlib.nullcontext()
+        return torch.autograd.graph.saved_tensors_hooks(functools.partial(_Saved, self), _Saved.unpack)
 
-        class _Saved:
-            __slots__ = ("t", "key", "__weakref__")
 
-            def __init__(self, t):
-                # Keep a detached alias: same storage, no grad_fn. Keeping `t` itself makes a
-                # cycle when autograd saves a node's own output (t -> grad_fn -> this -> t), and
-                # with retain_graph (zero-bubble I/W) the activation would outlive its graph
-                # until the garbage collector ran.
-                self.t, self.key = t.detach(), None
-                st = t.untyped_storage()
-                ptr = st.data_ptr()
-                if ptr in tracker._param_ptrs or st.nbytes() == 0:
-                    return
-                entry = tracker._storages.get(ptr)
-                if entry is None:
-                    tracker.add("activations", st.nbytes(), f"saved activation {tuple(t.shape)}")
-                    tracker._storages[ptr] = [1, st.nbytes()]
-                else:
-                    entry[0] += 1
-                self.key = ptr
+class _Saved:
+    """One tensor saved for backward, counted on a `MemoryTracker` while it lives.
 
-            def __del__(self):
-                entry = tracker._storages.get(self.key) if self.key is not None else None
-                if entry is not None:
-                    entry[0] -= 1
-                    if entry[0] == 0:
-                        del tracker._storages[self.key]
-                        tracker.bytes["activations"] -= entry[1]
+    It runs once per saved tensor (a dozen per stage forward), so it stays small: one class for
+    every tracker, no formatting unless the device runs out of memory."""
 
-        with torch.autograd.graph.saved_tensors_hooks(_Saved, lambda s: s.t):
-            yield self
+    __slots__ = ("t", "key", "tracker")
+
+    def __init__(self, tracker: MemoryTracker, t):
+        # Keep a detached alias: same storage, no grad_fn. Keeping `t` itself makes a cycle
+        # when autograd saves a node's own output (t -> grad_fn -> this -> t), and with
+        # retain_graph (zero-bubble I/W) the activation would outlive its graph until the
+        # garbage collector ran.
+        self.t, self.key, self.tracker = t.detach(), None, tracker
+        st = t.untyped_storage()
+        ptr, nbytes = st.data_ptr(), st.nbytes()
+        if nbytes == 0 or ptr in tracker._param_ptrs:
+            return
+        entry = tracker._storages.get(ptr)
+        if entry is None:
+            if tracker.capacity is None:  # add()'s checks without its cost: nothing to exceed
+                tracker.bytes["activations"] += nbytes
+                total = tracker.total
+                if total > tracker.peak:
+                    tracker.peak = total
+            else:
+                tracker.add("activations", nbytes, f"saved activation {tuple(t.shape)}")
+            tracker._storages[ptr] = [1, nbytes]
+        else:
+            entry[0] += 1
+        self.key = ptr
+
+    def unpack(self):
+        return self.t
+
+    def __del__(self):
+        if self.key is not None:
+            storages = self.tracker._storages
+            entry = storages.get(self.key)
+            if entry is not None:
+                entry[0] -= 1
+                if entry[0] == 0:
+                    del storages[self.key]
+                    self.tracker.bytes["activations"] -= entry[1]
 
 
 # ---------------------------------------------------------------- the device
@@ -247,6 +298,10 @@ class DeviceSpec:
     kind: str = "sim"
     profile: str | DeviceProfile = "toy-gpu"
     clock: str = "virtual"
+    # count saved activations (`MemoryTracker.saved_activations`): None means on a simulated
+    # device, whose memory is the model (capacity, out-of-memory errors), and off on real ones,
+    # where the hooks would slow every op being timed; True turns them on there too
+    track_memory: bool | None = None
 
     def __post_init__(self):
         if self.kind not in DEVICE_KINDS:
@@ -254,6 +309,13 @@ class DeviceSpec:
         if self.clock not in CLOCKS:
             raise ValueError(f"unknown clock {self.clock!r}; use one of {CLOCKS}")
         get_profile(self.profile)  # raises a ValueError naming the profile
+        if self.track_memory not in (None, True, False):
+            raise ValueError(f"track_memory={self.track_memory!r}; use None (on for 'sim' only), "
+                             f"True or False")
+
+    @property
+    def tracks_activations(self) -> bool:
+        return self.kind == "sim" if self.track_memory is None else self.track_memory
 
 
 class Device:
@@ -267,11 +329,21 @@ class Device:
         self.modelled = spec.kind == "sim"
         self.clock = VirtualClock() if (self.modelled and spec.clock == "virtual") else WallClock(epoch)
         self.tracer = Tracer(rank)
-        capacity = self.profile.memory if self.modelled else None
-        self.memory = MemoryTracker(rank, capacity)
+        self.spec = spec
+        self.memory = self.fresh_memory()
         self.activity = Activity(activity_path)
         self.comm_counts: dict[str, int] = {}  # filled by pipelib.comms: bytes and messages
         self.torch_device = self._torch_device()
+
+    def fresh_memory(self) -> MemoryTracker:
+        """An empty tracker with the current one's capacity and activation tracking (the
+        device's defaults at first): a new model's memory starts here, with no pointers of an
+        earlier model's parameters."""
+        old = getattr(self, "memory", None)
+        if old is None:
+            return MemoryTracker(self.rank, self.profile.memory if self.modelled else None,
+                                 self.spec.tracks_activations)
+        return MemoryTracker(self.rank, old.capacity, old.track_activations)
 
     def _torch_device(self):
         import torch

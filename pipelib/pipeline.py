@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import comms
-from .device import MemoryTracker, current
+from .device import current
 from .pipeline_stage import (  # noqa: F401 (re-exported)
     Stage, partition, split_into_stages, stage_grads, stage_modules,
 )
@@ -60,6 +60,31 @@ def _validated(s: Schedule) -> Schedule:
 def _tag(kind: str, from_stage: int) -> int:
     """One message queue per (kind, sending stage): act from s -> 2s, grad from s -> 2s+1."""
     return 2 * from_stage + (1 if kind == "grad" else 0)
+
+
+class _Recv(NamedTuple):
+    """A message one action waits for: its index in the rank's actions, what, from where."""
+
+    index: int
+    kind: str           # "act" or "grad"
+    from_stage: int
+    src: int            # the sending rank (in the schedule's group)
+    tag: int
+    label: str          # e.g. "act for 2F3", on the trace and the activity beacon
+
+
+@functools.lru_cache(maxsize=64)
+def _receives(s: Schedule, rank: int) -> tuple[_Recv, ...]:
+    """Every remote receive of `rank`'s actions, in action order: worked out once per schedule,
+    not at every step (a training loop runs the same schedule thousands of times)."""
+    out = []
+    for i, a in enumerate(s.actions[rank]):
+        need = _remote_input(s, rank, a)
+        if need:
+            kind, from_stage = need
+            out.append(_Recv(i, kind, from_stage, s.stage_to_rank[from_stage],
+                             _tag(kind, from_stage), f"{kind} for {a}"))
+    return tuple(out)
 
 
 def _remote_input(s: Schedule, rank: int, a) -> tuple[str, int] | None:
@@ -164,7 +189,8 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     `costs` (a `pipelib.simulate.Costs`): give each op that modelled duration on a simulated
     device, so the timeline can be compared with `simulate`; without it, FLOPs are counted.
     `stats`, if a dict, receives peak_activation_bytes (this rank's saved activations at their
-    most), messages and bytes_sent.
+    most; None on a device that does not count them: `DeviceSpec.track_memory`), messages and
+    bytes_sent.
     `shapes`, if a dict, keeps the shape handshake's result between steps of the same stages:
     the first call fills it, later calls skip the handshake (torch.distributed.pipelining
     likewise infers shapes once per schedule object). Pass the same dict only while the batch
@@ -202,26 +228,36 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     in_spec, out_spec = _shapes(s, mine, rank, group, xs[0] if xs else None, shapes)
 
     dev = current()
+    # group ranks -> global ranks once per step; comms' per-message peer checks are then
+    # skipped (post_send/post_recv): the schedule was validated and the group size checked
+    peer = {r: r if group is None else dist.get_global_rank(group, r)
+            for r in range(s.num_ranks) if r != rank}
+    # receive buffers: kept with the shapes between steps (as torch's stages keep theirs), so
+    # a step allocates none; a buffer is free again once its step ended (every B/W ran)
+    bufs = {} if shapes is None else shapes.setdefault(("buffers", s, rank), {})
     local: dict[tuple, torch.Tensor] = {}   # (kind, from_stage, microbatch) -> handed over here
     sends: list[comms.Handle] = []
     losses = []
     base = dev.memory.bytes["activations"]
     peak = 0
     acts = s.actions[rank]
-    remote = [(i, need) for i, a in enumerate(acts) if (need := _remote_input(s, rank, a))]
+    remote = _receives(s, rank)
     posted: dict[tuple, comms.Handle] = {}  # (kind, from_stage, microbatch) -> receive posted
     done = 0                                # entries of `remote` whose receive was taken
 
     def post_until(n: int) -> None:
         """Post the receives of the first n entries of `remote` (each once, in action order)."""
         while len(posted) + done < min(n, len(remote)):
-            i, (kind, from_stage) = remote[len(posted) + done]
-            a = acts[i]
-            shape, dtype = in_spec[a.stage] if kind == "act" else out_spec[a.stage]
-            posted[kind, from_stage, a.microbatch] = comms.irecv(
-                torch.empty(shape, dtype=dtype), s.stage_to_rank[from_stage], group,
-                tag=_tag(kind, from_stage), label=f"{kind} for {a}", stage=from_stage,
-                microbatch=a.microbatch, check=check)
+            r = remote[len(posted) + done]
+            a = acts[r.index]
+            shape, dtype = in_spec[a.stage] if r.kind == "act" else out_spec[a.stage]
+            key = (r.kind, r.from_stage, a.microbatch)
+            buf = bufs.get(key)
+            if buf is None:
+                buf = bufs[key] = torch.empty(shape, dtype=dtype)
+            posted[key] = comms.post_recv(
+                buf, peer[r.src], group, r.tag, r.label,
+                {"stage": r.from_stage, "microbatch": a.microbatch}, check)
 
     def take(kind: str, from_stage: int, a) -> torch.Tensor:
         """The input `a` needs: handed over locally, or received (blocking here, just before a)."""
@@ -238,8 +274,8 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
         if dst == rank:
             local[kind, from_stage, microbatch] = tensor
         else:
-            sends.append(comms.isend(tensor, dst, group, tag=_tag(kind, from_stage), label=kind,
-                                     stage=from_stage, microbatch=microbatch, check=check))
+            sends.append(comms.post_send(tensor, peer[dst], group, _tag(kind, from_stage), kind,
+                                         {"stage": from_stage, "microbatch": microbatch}, check))
 
     for a in acts:
         post_until(done + recv_ahead)  # the next receives flow while this action computes
@@ -265,7 +301,8 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
                 st.backward_weight(j)
     comms.wait_all(sends)
     if stats is not None:
-        stats.update(peak_activation_bytes=peak, messages=len(sends),
+        stats.update(peak_activation_bytes=peak if dev.memory.track_activations else None,
+                     messages=len(sends),
                      bytes_sent=sum(h.nbytes for h in sends))
     return torch.stack(losses).sum() if losses else None
 
@@ -369,7 +406,7 @@ def prepare_step(s: Schedule, model_config, rank: int, batch_seed: int = 0, *, b
     dev = current()
     # A fresh tracker: this step's model is new, and pointers of earlier models' parameters
     # must not hide this step's activations.
-    dev.memory = MemoryTracker(dev.rank, dev.memory.capacity)
+    dev.memory = dev.fresh_memory()
     dev.memory.track_module(nn.ModuleList(st.module for st in mine))
     x, y = make_batch(model_config, batch_size, batch_seed)
     x, shapes = x.to(dtype), {}

@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from . import collectives, comms
-from .device import MemoryTracker, current
+from .device import current
 from .model import GPT, GPTConfig, cross_entropy
 from .pipeline import check_step, execute, resolve_schedule
 from .pipeline_stage import Stage, layer_cost, partition
@@ -171,7 +171,7 @@ def gpt_train_step(schedule, p: int | None = None, m: int | None = None,
     modules = gpt_stages(model, s.num_stages, balance)
     mine = [Stage(modules[k], k, s.num_stages) for k in s.stages_of(rank)]
     dev = current()
-    dev.memory = MemoryTracker(dev.rank, dev.memory.capacity)  # a new model: forget old pointers
+    dev.memory = dev.fresh_memory()  # a new model: forget old pointers
     dev.memory.track_module(nn.ModuleList(st.module for st in mine))
     idx, targets = make_tokens(cfg, batch_size, seq_len, batch_seed)  # (B, T), (B, T)
     info: dict = {}

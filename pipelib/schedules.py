@@ -91,6 +91,19 @@ class Schedule:
         object.__setattr__(self, "actions", tuple(tuple(acts) for acts in self.actions))
         object.__setattr__(self, "stage_to_rank", tuple(self.stage_to_rank))
 
+    def __hash__(self) -> int:
+        """Hashed once: an executor looks its Schedule up (validation, shapes) every step, and
+        hashing every Action of a big schedule again each time shows in the step time."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.actions, self.num_stages, self.num_microbatches, self.stage_to_rank,
+                      self.name))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:  # str hashes differ between processes: never ship the cache
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     @property
     def num_ranks(self) -> int:
         return len(self.actions)

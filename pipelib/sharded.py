@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import comms
-from .device import MemoryTracker, current
+from .device import current
 from .pipeline import execute, resolve_schedule
 from .pipeline_stage import Stage, partition, stage_modules
 from .schedules import Op
@@ -68,7 +68,7 @@ class ShardedMLP:
         self.out_width = config.dims[self.layers.stop]           # width of what it sends on
         self._rows: dict[int, int] = {}
         dev = current()  # a fresh memory tracker that knows this model's parameters
-        dev.memory = MemoryTracker(dev.rank, dev.memory.capacity)
+        dev.memory = dev.fresh_memory()
         dev.memory.track_module(self.module)
 
     def __repr__(self) -> str:

@@ -75,7 +75,7 @@ class Tracer:
         self.enabled = True
 
     def record(self, kind: Kind, label: str, start: float, end: float, **fields) -> Event:
-        ev = Event(rank=self.rank, kind=Kind(kind), label=label, start=start, end=end, **fields)
+        ev = Event(self.rank, kind if type(kind) is Kind else Kind(kind), label, start, end, **fields)
         if self.enabled:
             self.events.append(ev)
         return ev
