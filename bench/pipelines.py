@@ -11,7 +11,9 @@
    pipelib faster) and the median of the per-step paired ratios (more robust when the load of
    a shared machine drifts). With ablation (default), pipelib also runs with the settings it
    had before this benchmark: comms' header on every message (check=True) and each receive
-   posted just before its compute (recv_ahead=0).
+   posted just before its compute (recv_ahead=0); and on a cluster that counts saved
+   activations on its CPU engines too (Cluster(track_memory=True): a Python hook per saved
+   tensor, off by default on real devices).
    The ranks share the machine's cores (2 on the reference machine, one thread per rank): with
    p = 4 two ranks share a core. The model is sized so compute dominates: hidden 512, 32 rows
    per microbatch, one (512 x 512) matmul per layer and microbatch is ~17 MFLOP forward, tens of
@@ -155,6 +157,14 @@ def main(argv=None):
                         results["ablation"].append(row)
                         print(f"{name:>18} {str(kw):>34} ratio {row['ratio']:6.3f} paired "
                               f"{row['ratio_paired_median']:6.3f}")
+        if args.ablation:
+            with Cluster(p, device="cpu", timeout=300, track_memory=True) as cluster:
+                for name in args.schedules.split(","):
+                    row = compare(cluster, name, p, m, cfg, args.rows, repeats, steps)
+                    row["track_memory"] = True
+                    results["ablation"].append(row)
+                    print(f"{name:>18} {'track_memory=True':>34} ratio {row['ratio']:6.3f} paired "
+                          f"{row['ratio_paired_median']:6.3f}")
     results["load_after_speed"] = _load()
     print("\nsimulated clock vs simulate(), 4 ranks, m=8")
     results["fidelity"] = fidelity()

@@ -119,6 +119,10 @@ class Handle:
     match in the order they were sent. (gloo's works report completion only through `wait`,
     and a work waited twice blocks: the handle waits each one exactly once.)"""
 
+    __slots__ = ("dev", "op", "tensor", "buf", "peer", "group", "tag", "works", "header",
+                 "header_work", "t_post", "label", "fields", "done", "error", "header_read",
+                 "nbytes")
+
     def __init__(self, dev: Device, op: str, tensor, buf, peer: int, group, tag: int,
                  works, header, header_work, t_post: float, label: str, fields: dict):
         self.dev, self.op, self.tensor, self.buf, self.peer = dev, op, tensor, buf, peer

@@ -368,39 +368,36 @@ class Device:
         self.memory.reset_peak()
         self.comm_counts.clear()
 
-    @contextlib.contextmanager
     def compute(self, label: str, *, flops: float | None = None, nbytes: float = 0.0,
                 duration: float | None = None, stage: int | None = None, microbatch: int | None = None):
-        """Run the body as one compute op and record it.
+        """Run the body as one compute op and record it (a context manager).
 
         On a simulated device its duration is `duration` if given, else the roofline time of
         `flops` (counted with torch's FlopCounterMode when not given) and `nbytes`. On real
-        devices the duration is measured.
+        devices the duration is measured (`flops`, `nbytes` and `duration` are not used).
         """
+        if not self.modelled:
+            return _Measured(self, label, stage, microbatch)
+        return self._modelled(label, flops, nbytes, duration, stage, microbatch)
+
+    @contextlib.contextmanager
+    def _modelled(self, label, flops, nbytes, duration, stage, microbatch):
         counter = None
-        if self.modelled and duration is None and flops is None:
+        if duration is None and flops is None:
             from torch.utils.flop_counter import FlopCounterMode
 
             counter = FlopCounterMode(display=False)
         start = self.clock.now()
-        with self.activity.doing(f"compute {label}" + (f" stage {stage}" if stage is not None else "")
-                                 + (f" microbatch {microbatch}" if microbatch is not None else "")):
+        with self.activity.doing(_compute_text(label, stage, microbatch)):
             with counter if counter is not None else contextlib.nullcontext():
                 yield self
-            if self.kind == "cuda":
-                import torch
-
-                torch.cuda.synchronize()
-            if self.modelled:
-                if duration is None:
-                    flops = counter.get_total_flops() if counter is not None else flops
-                    duration = self.profile.compute_time(flops, nbytes)
-                if self.clock.virtual:
-                    start, end = self.clock.advance(duration)
-                else:
-                    self.clock.wait_until(start + duration)
-                    end = self.clock.now()
+            if duration is None:
+                flops = counter.get_total_flops() if counter is not None else flops
+                duration = self.profile.compute_time(flops, nbytes)
+            if self.clock.virtual:
+                start, end = self.clock.advance(duration)
             else:
+                self.clock.wait_until(start + duration)
                 end = self.clock.now()
         self.tracer.record(Kind.COMPUTE, label, start, end, stage=stage, microbatch=microbatch,
                            memory=self.memory.total)
@@ -411,6 +408,40 @@ class Device:
             self.clock.advance(duration)
         else:
             self.clock.wait_until(self.clock.now() + duration)
+
+
+def _compute_text(label: str, stage, microbatch) -> str:
+    return (f"compute {label}" + (f" stage {stage}" if stage is not None else "")
+            + (f" microbatch {microbatch}" if microbatch is not None else ""))
+
+
+class _Measured:
+    """`Device.compute` on a real device: the op's wall-clock time, recorded once it ended (a
+    class, not a generator: it runs around every F, B, I and W of a pipeline step)."""
+
+    __slots__ = ("dev", "label", "stage", "microbatch", "before", "start")
+
+    def __init__(self, dev: Device, label: str, stage, microbatch):
+        self.dev, self.label, self.stage, self.microbatch = dev, label, stage, microbatch
+
+    def __enter__(self):
+        activity = self.dev.activity
+        self.before = activity.text
+        activity.set(_compute_text(self.label, self.stage, self.microbatch))
+        self.start = self.dev.clock.now()
+        return self.dev
+
+    def __exit__(self, exc_type, exc, tb):
+        dev = self.dev
+        if exc_type is None:
+            if dev.kind == "cuda":
+                import torch
+
+                torch.cuda.synchronize()
+            dev.tracer.record(Kind.COMPUTE, self.label, self.start, dev.clock.now(),
+                              stage=self.stage, microbatch=self.microbatch, memory=dev.memory.total)
+        dev.activity.set(self.before)
+        return False
 
 
 _CURRENT: Device | None = None

@@ -98,3 +98,39 @@ def test_activations_freed_when_the_graph_dies_even_with_retain_graph():
         assert mem.bytes["activations"] == 0
     finally:
         gc.enable()
+
+
+def test_saved_activations_counted_on_sim_only_unless_asked():
+    with pytest.raises(ValueError, match="track_memory='yes'"):
+        DeviceSpec("cpu", track_memory="yes")
+    x = torch.randn(64, 32, requires_grad=True)
+    counted = {}
+    for spec in (DeviceSpec("sim"), DeviceSpec("cpu"), DeviceSpec("cpu", track_memory=True),
+                 DeviceSpec("sim", track_memory=False)):
+        dev = Device(spec=spec)
+        with dev.memory.saved_activations():
+            y = x.exp()  # saves its result: 64 x 32 float32
+        counted[spec.kind, spec.track_memory] = dev.memory.bytes["activations"]
+        del y
+        assert dev.memory.bytes["activations"] == 0
+        fresh = dev.fresh_memory()  # a new model's tracker keeps the device's choice
+        assert fresh.track_activations == dev.memory.track_activations
+    assert counted == {("sim", None): 64 * 32 * 4, ("cpu", None): 0, ("cpu", True): 64 * 32 * 4,
+                       ("sim", False): 0}
+
+
+def test_measured_compute_records_its_wall_time_and_restores_the_beacon(tmp_path):
+    from pipelib.device import Activity
+
+    dev = Device(spec=DeviceSpec("cpu"), activity_path=str(tmp_path / "beacon"))
+    with dev.activity.doing("running a test"):
+        with dev.compute("F", stage=1, microbatch=2):
+            assert Activity.read(str(tmp_path / "beacon"))[1] == "compute F stage 1 microbatch 2"
+            time.sleep(0.05)
+        with pytest.raises(ZeroDivisionError):
+            with dev.compute("B", stage=1, microbatch=2):
+                1 / 0
+        age, text = Activity.read(str(tmp_path / "beacon"))
+        assert text == "running a test" and 0 <= age < 5
+    (e,) = dev.tracer.events  # the failed op is not recorded
+    assert (e.label, e.stage, e.microbatch) == ("F", 1, 2) and 0.05 <= e.duration < 1.0

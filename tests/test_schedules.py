@@ -318,3 +318,12 @@ def test_torch_dumped_csv_loads(ts, tmp_path, cls, gen, args):
     ts.PipelineScheduleMulti._dump_csv(o, tmp_path / "torch.csv")  # torch's own writer
     s = read_csv(tmp_path / "torch.csv", num_microbatches=args[1])
     assert ours(s) == ours(gen(*args))
+
+
+def test_schedule_hash_is_cached_but_never_shipped():
+    import pickle
+
+    s = one_f_one_b(4, 8)
+    assert hash(s) == hash(one_f_one_b(4, 8)) and s == one_f_one_b(4, 8)
+    back = pickle.loads(pickle.dumps(s))  # an engine hashes with its own string seed
+    assert "_hash" not in back.__dict__ and back == s
