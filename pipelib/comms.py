@@ -180,7 +180,7 @@ class Handle:
         dev, clock = self.dev, self.dev.clock
         start = clock.now()
         if not beacon or (self.header_read and self.works and all(w.is_completed() for w in self.works)):
-            self._block()  # already there: no need to tell the activity beacon (two file writes)
+            self._block()  # already there: no need to tell the activity beacon
         else:
             with dev.activity.doing(_waiting(self.label, self.op, self.peer, self.nbytes)):
                 self._block()

@@ -247,8 +247,8 @@ class MemoryTracker:
 class _Saved:
     """One tensor saved for backward, counted on a `MemoryTracker` while it lives.
 
-    It runs once per saved tensor (a dozen per stage forward), so it stays small: one class for
-    every tracker, no formatting unless the device runs out of memory."""
+    It runs once per saved tensor (a dozen per stage forward): one class for every tracker,
+    not a class made per forward."""
 
     __slots__ = ("t", "key", "tracker")
 
@@ -264,13 +264,7 @@ class _Saved:
             return
         entry = tracker._storages.get(ptr)
         if entry is None:
-            if tracker.capacity is None:  # add()'s checks without its cost: nothing to exceed
-                tracker.bytes["activations"] += nbytes
-                total = tracker.total
-                if total > tracker.peak:
-                    tracker.peak = total
-            else:
-                tracker.add("activations", nbytes, f"saved activation {tuple(t.shape)}")
+            tracker.add("activations", nbytes, f"saved activation {tuple(t.shape)}")
             tracker._storages[ptr] = [1, nbytes]
         else:
             entry[0] += 1
