@@ -96,14 +96,15 @@ def _remote_input(s: Schedule, rank: int, a) -> tuple[str, int] | None:
     return None
 
 
-def _chunks(t: torch.Tensor, m: int, what: str) -> list[torch.Tensor]:
-    """Split along dim 0 into m equal microbatches, each its own storage (for memory counts)."""
+def _chunks(t: torch.Tensor, m: int, what: str, copy: bool) -> list[torch.Tensor]:
+    """Split along dim 0 into m equal microbatches: views, or with copy=True each its own
+    storage (a device that counts saved activations would count a shared storage once)."""
     if t is None:
         raise ValueError(f"execute: this rank holds a stage that needs the {what}; pass it")
     if t.shape[0] % m:
         raise ValueError(f"{what} of {t.shape[0]} rows cannot be split into m={m} equal "
                          f"microbatches; use a batch size that is a multiple of m")
-    return [c.clone() for c in t.chunk(m)]
+    return [c.clone() for c in t.chunk(m)] if copy else list(t.chunk(m))
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -223,11 +224,12 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
         raise ValueError(f"rank {rank} runs stages {list(want)} of {s.num_stages} in schedule "
                          f"{s.name!r} but was given {[f'{st.index} of {st.num_stages}' for st in stages]}")
     m, last = s.num_microbatches, s.num_stages - 1
-    xs = _chunks(batch, m, "batch") if 0 in mine else None
-    ys = _chunks(targets, m, "targets") if last in mine else None
+    dev = current()
+    copy = dev.memory.track_activations
+    xs = _chunks(batch, m, "batch", copy) if 0 in mine else None
+    ys = _chunks(targets, m, "targets", copy) if last in mine else None
     in_spec, out_spec = _shapes(s, mine, rank, group, xs[0] if xs else None, shapes)
 
-    dev = current()
     # group ranks -> global ranks once per step; comms' per-message peer checks are then
     # skipped (post_send/post_recv): the schedule was validated and the group size checked
     peer = {r: r if group is None else dist.get_global_rank(group, r)
