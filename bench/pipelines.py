@@ -11,7 +11,8 @@
    pipelib faster) and the median of the per-step paired ratios (more robust when the load of
    a shared machine drifts). With ablation (default), pipelib also runs with the settings it
    had before this benchmark: comms' header on every message (check=True) and each receive
-   posted just before its compute (recv_ahead=0); and on a cluster that counts saved
+   posted just before its compute (recv_ahead=0), each change alone, and one receive posted
+   ahead instead of two (recv_ahead=1); and on a cluster that counts saved
    activations on its CPU engines too (Cluster(track_memory=True): a Python hook per saved
    tensor, off by default on real devices).
    The ranks share the machine's cores (2 on the reference machine, one thread per rank): with
@@ -44,8 +45,8 @@ SCHEDULES = ["gpipe", "1f1b", "interleaved_1f1b", "zbv"]
 TARGET = {"gpipe": 1.0, "1f1b": 1.0, "interleaved_1f1b": 1.1, "zbv": 1.1}  # pipelib / torch
 # pipelib's executor before this benchmark (header on every message, each receive posted just
 # before its compute), and each change alone
-ABLATION = [{"check": True, "recv_ahead": 0}, {"check": True, "recv_ahead": 1},
-            {"check": False, "recv_ahead": 0}]
+ABLATION = [{"check": True, "recv_ahead": 0}, {"check": True, "recv_ahead": 2},
+            {"check": False, "recv_ahead": 0}, {"check": False, "recv_ahead": 1}]
 
 
 def _load() -> str:

@@ -193,7 +193,7 @@ def torch_train_step(schedule: str, p: int, m: int, model_config=None, batch_see
 def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_seed: int = 0, *,
                        steps: int = 5, batch_size: int | None = None, model_seed: int = 0,
                        num_chunks: int = 2, balance="layers", group=None, dtype=torch.float32,
-                       recv_ahead: int = 1, check: bool = False):
+                       recv_ahead: int = 2, check: bool = False):
     """Run on every engine: pipelib's and torch's step alternately: {"pipelib": [s], "torch": [s]}.
 
     Both are built once (same model, batch, stages and placement), then run alternately, step
