@@ -1,31 +1,18 @@
-"""The one pipeline executor: it runs any schedule and never asks which one it is.
+"""One training step of a pipeline on every engine, and the checks that come before it.
 
-    stages = [Stage(module, s, S) for s, module in my_stages]         # this rank's stages
-    loss = execute(schedule, stages, batch, targets, F.cross_entropy, group)
+    check_step("1f1b", 4, 8, cfg, batch_size=64, world_size=4)   # in the notebook: ValueErrors
+    run_train_step(cluster, "1f1b", 4, 8, cfg)                    # per rank: (loss, {name: grad})
+    monolith_step(cfg, 64)                                        # the reference: same loss, grads
 
-`execute` walks this rank's actions (`pipelib.schedules`) in order. Who sends what to whom
-follows from the actions: the F of stage s sends its output activation ("act", microbatch
-bytes x width) to the rank of stage s+1; the B or I of stage s sends the gradient of its input
-("grad", the same shape) to the rank of stage s-1; W sends nothing. Three rules make any schedule
-that `validate` accepts run without deadlock (DESIGN.md section 6):
+Every rank builds the same seeded model, cuts it into the schedule's stages, keeps its own and
+runs `execute` (`pipelib.pipeline_exec`, the one executor, re-exported here with the stage
+helpers of `pipelib.pipeline_stage`). `timed_steps` and `prepare_step` are the benchmark's
+building blocks (`pipeline_torch.compare_step_times` runs torch's twin of the same step).
 
-1. sends are non-blocking (`comms.isend`); their handles are kept until the step ends (a gloo
-   send whose handle is dropped crashes, and a blocking send deadlocks 1F1B: FACTS.md);
-2. a receive blocks just before the compute that needs it, and nowhere else (it is *posted*
-   earlier, `recv_ahead` receives ahead, so its bytes flow while this rank computes);
-3. a neighbouring stage on the same rank (interleaved and V placements) is handed its input
-   locally, without a message.
-
-Messages carry a tag per (kind, sending stage): activations and gradients travel in separate
-queues, so V schedules (ZB-V, DualPipeV), whose activations and gradients between two ranks are
-interleaved differently on the two sides, need no reordering (validate(order="kind")).
-
-Introduced in chapter 10; chapters 11-13 run GPipe, 1F1B, interleaved and zero-bubble
-schedules through this same function.
+Introduced in chapter 10; chapters 11-13 run every schedule through `run_train_step`.
 """
 from __future__ import annotations
 
-import functools
 import time
 from typing import Callable, NamedTuple
 
@@ -34,285 +21,20 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import comms
 from .device import current
+from .pipeline_exec import execute  # noqa: F401 (re-exported)
 from .pipeline_stage import (  # noqa: F401 (re-exported)
     Stage, partition, split_into_stages, stage_grads, stage_modules,
 )
-from .schedules import GENERATORS, Op, Schedule, validate
+from .schedules import GENERATORS, Schedule, validate
 
 __all__ = ["Stage", "split_into_stages", "partition", "execute", "resolve_schedule",
            "check_step", "train_step", "run_train_step", "monolith_step", "make_batch",
            "stage_modules", "stage_grads", "timed_steps", "Runner", "prepare_step"]
 
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)
-_SPEC_LEN = 10                  # dtype code, ndim, up to 8 sizes
-_SHAPE_TAG = 1 << 20            # tags of the shape handshake, apart from the step's messages
 _ALIASES = {"one_f_one_b": "1f1b", "zero_bubble_h1": "zb_h1", "zbh1": "zb_h1", "GPipe": "gpipe"}
 
 
-@functools.lru_cache(maxsize=64)
-def _validated(s: Schedule) -> Schedule:
-    """`validate` once per Schedule (a frozen, hashable value): a training loop repeats it."""
-    return validate(s, order="kind")
-
-
-def _tag(kind: str, from_stage: int) -> int:
-    """One message queue per (kind, sending stage): act from s -> 2s, grad from s -> 2s+1."""
-    return 2 * from_stage + (1 if kind == "grad" else 0)
-
-
-class _Recv(NamedTuple):
-    """A message one action waits for: its index in the rank's actions, what, from where."""
-
-    index: int
-    kind: str           # "act" or "grad"
-    from_stage: int
-    src: int            # the sending rank (in the schedule's group)
-    tag: int
-    label: str          # e.g. "act for 2F3", on the trace and the activity beacon
-
-
-@functools.lru_cache(maxsize=64)
-def _receives(s: Schedule, rank: int) -> tuple[_Recv, ...]:
-    """Every remote receive of `rank`'s actions, in action order: worked out once per schedule,
-    not at every step (a training loop runs the same schedule thousands of times)."""
-    out = []
-    for i, a in enumerate(s.actions[rank]):
-        need = _remote_input(s, rank, a)
-        if need:
-            kind, from_stage = need
-            out.append(_Recv(i, kind, from_stage, s.stage_to_rank[from_stage],
-                             _tag(kind, from_stage), f"{kind} for {a}"))
-    return tuple(out)
-
-
-def _remote_input(s: Schedule, rank: int, a) -> tuple[str, int] | None:
-    """(kind, from_stage) of the message action `a` waits for, or None (no input, or local)."""
-    if a.op is Op.F and a.stage > 0 and s.stage_to_rank[a.stage - 1] != rank:
-        return "act", a.stage - 1
-    if a.op in (Op.B, Op.I) and a.stage < s.num_stages - 1 and s.stage_to_rank[a.stage + 1] != rank:
-        return "grad", a.stage + 1
-    return None
-
-
-def _chunks(t: torch.Tensor, m: int, what: str, copy: bool) -> list[torch.Tensor]:
-    """Split along dim 0 into m equal microbatches: views, or with copy=True each its own
-    storage (a device that counts saved activations would count a shared storage once)."""
-    if t is None:
-        raise ValueError(f"execute: this rank holds a stage that needs the {what}; pass it")
-    if t.shape[0] % m:
-        raise ValueError(f"{what} of {t.shape[0]} rows cannot be split into m={m} equal "
-                         f"microbatches; use a batch size that is a multiple of m")
-    return [c.clone() for c in t.chunk(m)] if copy else list(t.chunk(m))
-
-
-# ----------------------------------------------------------------------------- shapes
-def _encode(t: torch.Tensor) -> torch.Tensor:
-    if t.dim() > _SPEC_LEN - 2 or t.dtype not in _DTYPES:
-        raise ValueError(f"stage outputs must be tensors of at most {_SPEC_LEN - 2} dims and dtype "
-                         f"in {_DTYPES}, got {tuple(t.shape)} {t.dtype}")
-    spec = [_DTYPES.index(t.dtype), t.dim(), *t.shape]
-    return torch.tensor(spec + [0] * (_SPEC_LEN - len(spec)), dtype=torch.int64)
-
-
-def _decode(spec: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
-    code, ndim, *sizes = spec.tolist()
-    return tuple(sizes[:ndim]), _DTYPES[code]
-
-
-def _exchange_shapes(s: Schedule, mine: dict[int, Stage], rank: int, group, first_input):
-    """(shape, dtype) of each of my stages' output, learnt once per step before any timing.
-
-    The receiver of a message must allocate its buffer, so it must know the shape. Stages are
-    visited in increasing order: stage s learns its input shape from stage s-1's rank (a small
-    untimed, untraced message, as torch.distributed.pipelining's shape inference), runs a
-    forward on zeros without autograd and tells stage s+1's rank.
-    """
-    out, in_spec, handles = {}, {}, []
-    for stage_id in sorted(mine):
-        prev = s.stage_to_rank[stage_id - 1] if stage_id > 0 else None
-        if stage_id == 0:
-            x = first_input
-        elif prev == rank:
-            shape, dtype = out[stage_id - 1]
-            x = torch.zeros(shape, dtype=dtype)
-        else:
-            spec = torch.empty(_SPEC_LEN, dtype=torch.int64)
-            src = prev if group is None else dist.get_global_rank(group, prev)
-            with current().activity.doing(f"recv the shape of stage {stage_id - 1}'s output "
-                                          f"from rank {src} (before the step)"):
-                dist.recv(spec, src, group=group, tag=_SHAPE_TAG + stage_id)
-            shape, dtype = _decode(spec)
-            x = torch.zeros(shape, dtype=dtype)
-        in_spec[stage_id] = (tuple(x.shape), x.dtype)
-        if stage_id == s.num_stages - 1:
-            continue
-        with torch.no_grad():
-            y = mine[stage_id].module(x)
-        out[stage_id] = (tuple(y.shape), y.dtype)
-        nxt = s.stage_to_rank[stage_id + 1]
-        if nxt != rank:
-            dst = nxt if group is None else dist.get_global_rank(group, nxt)
-            handles.append(dist.isend(_encode(y), dst, group=group, tag=_SHAPE_TAG + stage_id + 1))
-    for work in handles:
-        work.wait()
-    return in_spec, out
-
-
-def _shapes(s: Schedule, mine, rank: int, group, first_input, cache: dict | None):
-    """`_exchange_shapes`, or its result kept in `cache` from an earlier step."""
-    if cache is None:
-        return _exchange_shapes(s, mine, rank, group, first_input)
-    first = None if first_input is None else (tuple(first_input.shape), first_input.dtype)
-    key = (s, rank)
-    if key not in cache:
-        cache[key] = (first, *_exchange_shapes(s, mine, rank, group, first_input))
-    elif cache[key][0] != first:
-        raise ValueError(f"execute: rank {rank}: microbatches of {first} but the shapes kept in "
-                         f"`shapes` are for {cache[key][0]}; pass a fresh dict when the batch shape changes")
-    return cache[key][1:]
-
-
-# ----------------------------------------------------------------------------- the executor
-def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group=None, *,
-            costs=None, stats: dict | None = None, shapes: dict | None = None,
-            recv_ahead: int = 2, check: bool = False):
-    """Run this rank's actions of `schedule` once: one training step's forward and backward.
-
-    `stages`: this rank's `Stage`s (those `schedule.stages_of(rank)` names). `batch` is needed
-    on the rank of stage 0 and `targets` on the rank of the last stage (None elsewhere); both
-    are split into `schedule.num_microbatches` microbatches along dim 0. Each microbatch's loss
-    is scaled by 1/m, so the returned loss is the mean over microbatches and the gradients equal
-    the whole batch's. Gradients accumulate into the parameters' .grad (zero them between steps).
-
-    `group`: the schedule's ranks are ranks 0..n-1 of `group`; its other ranks have no work.
-    `costs` (a `pipelib.simulate.Costs`): give each op that modelled duration on a simulated
-    device, so the timeline can be compared with `simulate`; without it, FLOPs are counted.
-    `stats`, if a dict, receives peak_activation_bytes (this rank's saved activations at their
-    most; None on a device that does not count them: `DeviceSpec.track_memory`), messages and
-    bytes_sent.
-    `shapes`, if a dict, keeps the shape handshake's result between steps of the same stages:
-    the first call fills it, later calls skip the handshake (torch.distributed.pipelining
-    likewise infers shapes once per schedule object). Pass the same dict only while the batch
-    shape and the stages stay the same; the rank of stage 0 checks its microbatch shape, and a
-    receive that still gets another shape raises `comms.MessageMismatchError`.
-    `recv_ahead`: how many receives beyond the one an action needs are posted before it
-    computes, so their bytes flow meanwhile (gloo sends are rendezvous: a message moves only
-    once its receive is posted; torch's lowering posts its RECVs early for the same reason).
-    0 posts each receive just before the compute that needs it. The default 2 posts the
-    next activation and the next gradient of a 1F1B step at once: their senders then write as
-    soon as they are done instead of waiting to hear that the receive is up (1F1B on 4 CPU
-    engines: 4-8% faster than with 1, bench/pipelines.py).
-    `check`: send `comms`' header with every message on real devices too (simulated devices
-    always send it: it carries the timestamp). The shape handshake already agreed every buffer's
-    shape, so it is off by default: the header costs one more message and a wait per transfer
-    (bench/pipelines.py measures it); turn it on for stages whose output shape can change.
-
-    Returns the loss (a 0-dim tensor) on the rank of the last stage, None elsewhere.
-    """
-    # identical on every rank, so a bad schedule fails everywhere; validated once per Schedule
-    s = _validated(schedule) if isinstance(schedule, Schedule) else validate(schedule, order="kind")
-    if isinstance(recv_ahead, bool) or not isinstance(recv_ahead, int) or recv_ahead < 0:
-        raise ValueError(f"recv_ahead={recv_ahead!r}; pass an integer >= 0 (receives posted ahead)")
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    if size < s.num_ranks:
-        raise ValueError(f"schedule {s.name!r} needs {s.num_ranks} ranks but the group has {size}")
-    if rank >= s.num_ranks:
-        return None
-    stages = list(stages.values()) if isinstance(stages, dict) else list(stages)
-    mine = {st.index: st for st in stages}
-    want = s.stages_of(rank)
-    if sorted(mine) != list(want) or any(st.num_stages != s.num_stages for st in stages):
-        raise ValueError(f"rank {rank} runs stages {list(want)} of {s.num_stages} in schedule "
-                         f"{s.name!r} but was given {[f'{st.index} of {st.num_stages}' for st in stages]}")
-    m, last = s.num_microbatches, s.num_stages - 1
-    dev = current()
-    copy = dev.memory.track_activations
-    xs = _chunks(batch, m, "batch", copy) if 0 in mine else None
-    ys = _chunks(targets, m, "targets", copy) if last in mine else None
-    in_spec, out_spec = _shapes(s, mine, rank, group, xs[0] if xs else None, shapes)
-
-    # group ranks -> global ranks once per step; comms' per-message peer checks are then
-    # skipped (post_send/post_recv): the schedule was validated and the group size checked
-    peer = {r: r if group is None else dist.get_global_rank(group, r)
-            for r in range(s.num_ranks) if r != rank}
-    # receive buffers: kept with the shapes between steps (as torch's stages keep theirs), so
-    # a step allocates none; a buffer is free again once its step ended (every B/W ran)
-    bufs = {} if shapes is None else shapes.setdefault(("buffers", s, rank), {})
-    local: dict[tuple, torch.Tensor] = {}   # (kind, from_stage, microbatch) -> handed over here
-    sends: list[comms.Handle] = []
-    losses = []
-    base = dev.memory.bytes["activations"]
-    peak = 0
-    acts = s.actions[rank]
-    remote = _receives(s, rank)
-    posted: dict[tuple, comms.Handle] = {}  # (kind, from_stage, microbatch) -> receive posted
-    done = 0                                # entries of `remote` whose receive was taken
-
-    def post_until(n: int) -> None:
-        """Post the receives of the first n entries of `remote` (each once, in action order)."""
-        while len(posted) + done < min(n, len(remote)):
-            r = remote[len(posted) + done]
-            a = acts[r.index]
-            shape, dtype = in_spec[a.stage] if r.kind == "act" else out_spec[a.stage]
-            key = (r.kind, r.from_stage, a.microbatch)
-            buf = bufs.get(key)
-            if buf is None:
-                buf = bufs[key] = torch.empty(shape, dtype=dtype)
-            posted[key] = comms.post_recv(
-                buf, peer[r.src], group, r.tag, r.label,
-                {"stage": r.from_stage, "microbatch": a.microbatch}, check)
-
-    def take(kind: str, from_stage: int, a) -> torch.Tensor:
-        """The input `a` needs: handed over locally, or received (blocking here, just before a)."""
-        nonlocal done
-        if s.stage_to_rank[from_stage] == rank:
-            return local.pop((kind, from_stage, a.microbatch))
-        post_until(done + 1 + recv_ahead)  # this receive, and the next ones while we compute
-        done += 1
-        # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
-        return posted.pop((kind, from_stage, a.microbatch)).wait()
-
-    def give(kind: str, from_stage: int, microbatch: int, tensor: torch.Tensor) -> None:
-        dst = s.stage_to_rank[from_stage + (1 if kind == "act" else -1)]
-        if dst == rank:
-            local[kind, from_stage, microbatch] = tensor
-        else:
-            sends.append(comms.post_send(tensor, peer[dst], group, _tag(kind, from_stage), kind,
-                                         {"stage": from_stage, "microbatch": microbatch}, check))
-
-    for a in acts:
-        post_until(done + recv_ahead)  # the next receives flow while this action computes
-        st, j = mine[a.stage], a.microbatch
-        duration = None if costs is None else costs.compute(a.op, a.stage)
-        if a.op is Op.F:
-            x = xs[j] if st.is_first else take("act", a.stage - 1, a)
-            with dev.compute("F", stage=a.stage, microbatch=j, duration=duration):
-                out = st.forward(j, x, ys[j] if st.is_last else None, loss_fn, 1.0 / m)
-            peak = max(peak, dev.memory.bytes["activations"] - base)
-            if st.is_last:
-                losses.append(out)
-            else:
-                give("act", a.stage, j, out)
-        elif a.op in (Op.B, Op.I):
-            grad = None if st.is_last else take("grad", a.stage + 1, a)
-            with dev.compute(a.op.value, stage=a.stage, microbatch=j, duration=duration):
-                gin = st.backward(j, grad) if a.op is Op.B else st.backward_input(j, grad)
-            if not st.is_first:
-                give("grad", a.stage, j, gin)
-        else:
-            with dev.compute("W", stage=a.stage, microbatch=j, duration=duration):
-                st.backward_weight(j)
-    comms.wait_all(sends)
-    if stats is not None:
-        stats.update(peak_activation_bytes=peak if dev.memory.track_activations else None,
-                     messages=len(sends),
-                     bytes_sent=sum(h.nbytes for h in sends))
-    return torch.stack(losses).sum() if losses else None
-
-
-# ----------------------------------------------------------------------------- one training step
 def resolve_schedule(schedule, p: int | None = None, m: int | None = None,
                      num_chunks: int = 2) -> Schedule:
     """A `Schedule` from a name in `pipelib.schedules.GENERATORS` (with p, m) or a Schedule/dict."""

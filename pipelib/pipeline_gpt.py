@@ -29,7 +29,8 @@ import torch.nn as nn
 from . import collectives, comms
 from .device import current
 from .model import GPT, GPTConfig, cross_entropy
-from .pipeline import check_step, execute, resolve_schedule
+from .pipeline import check_step, resolve_schedule
+from .pipeline_exec import execute
 from .pipeline_stage import Stage, layer_cost, partition
 from .schedules import Schedule, as_schedule
 

@@ -146,7 +146,7 @@ def test_repeated_steps_give_one_steps_gradients_and_times(cluster4):
 
 
 def test_kept_shapes_refuse_another_batch_shape():
-    from pipelib.pipeline import _shapes
+    from pipelib.pipeline_exec import _shapes
 
     s = resolve_schedule("gpipe", 2, 2)
     cache = {(s, 0): (((2, 16), torch.float32), {0: ((2, 16), torch.float32)}, {})}
@@ -216,7 +216,8 @@ def _rank0_never_sends():
     import torch.nn.functional as F
 
     from pipelib.model import MLP
-    from pipelib.pipeline import Stage, _exchange_shapes, execute, split_into_stages
+    from pipelib.pipeline import Stage, execute, split_into_stages
+    from pipelib.pipeline_exec import _exchange_shapes
     from pipelib.schedules import naive
 
     s = naive(2, 1)
