@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def pipelib_cluster(n):
-    from pipelib.cluster import Cluster
+    from pipelib.runtime.cluster import Cluster
 
     t0 = time.perf_counter()
     c = Cluster(n)
@@ -40,7 +40,7 @@ def _init(rank, n, port):
 def reference_cluster(n):
     import ipyparallel as ipp
 
-    from pipelib.cluster import _free_port
+    from pipelib.runtime.cluster import _free_port
 
     t0 = time.perf_counter()
     c = ipp.Cluster(n=n, profile_dir=tempfile.mkdtemp(prefix="bench-ipp-"), log_level=40)

@@ -1,4 +1,4 @@
-"""From-scratch ring all-reduce (pipelib.collectives) vs gloo's built-in dist.all_reduce, and the
+"""From-scratch ring all-reduce (pipelib.comm.collectives) vs gloo's built-in dist.all_reduce, and the
 alpha-beta model's prediction of it.
 
 Real CPU engines, world 2 and 4, 1 KiB .. 64 MiB. Three variants alternate within every repeat
@@ -7,8 +7,8 @@ each timed between barriers on every rank: ours (the default call: agreement che
 pipelined ring), ours without the check, gloo. The time of a repeat is the slowest rank's; we
 report medians and the bandwidth ratio gloo time / ours (1.0 = as fast as gloo).
 
-Alpha and beta are fitted twice (relative residuals, `pipelib.pingpong.fit_alpha_beta`): from a
-ring shift (every rank sends to its right neighbour at once, as `pipelib.pingpong.ring_shift`)
+Alpha and beta are fitted twice (relative residuals, `pipelib.comm.lab.fit_alpha_beta`): from a
+ring shift (every rank sends to its right neighbour at once, as `pipelib.comm.lab.ring_shift`)
 and from chapter 05's ping-pong between ranks 0 and 1 (one message in flight); gamma (seconds
 per byte reduced) from torch.add on every rank at once. The ring shifts and the adds are timed
 in the same rounds as the race, so fit and race see the same load. The ring's time
@@ -44,8 +44,9 @@ def _bench(sizes, fit_sizes, repeats):
     import torch
     import torch.distributed as dist
 
-    from pipelib import collectives as C, comms
-    from pipelib.device import current
+    from pipelib.comm import collectives as C
+    from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import current
 
     calls = {"ours": C.all_reduce, "ours_nocheck": lambda y: C.all_reduce(y, check=False),
              "gloo": dist.all_reduce}  # the order of VARIANTS (this runs on engines: no globals)
@@ -91,7 +92,7 @@ def _slowest(per_rank, key, nb, repeats, variant=None):
 def _fits(cluster, per_rank, fit_sizes, repeats):
     """alpha, beta from the ring shifts of the race and from a ping-pong (ranks 0, 1, chapter
     05's method, run after it), gamma (seconds per byte) from the torch.adds; relative fits."""
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
 
     rows = {"ring_shift": [(nb, statistics.median(_slowest(per_rank, "shift", nb, repeats))) for nb in fit_sizes],
             "reduce": [(max(nb // 4, 1) * 4, statistics.median(_slowest(per_rank, "add", nb, repeats)))
@@ -105,7 +106,7 @@ def _fits(cluster, per_rank, fit_sizes, repeats):
 
 
 def _table(n, sizes, repeats, per_rank, fits):
-    from pipelib.collectives import predicted_time
+    from pipelib.comm.collectives import predicted_time
 
     gamma = 1 / fits["reduce"]["beta_Bps"]
     models = {"pingpong": ("pingpong", 0.0), "ring_shift": ("ring_shift", 0.0), "ring_shift_gamma": ("ring_shift", gamma)}

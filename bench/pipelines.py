@@ -58,7 +58,7 @@ def _load() -> str:
 
 def compare(cluster, name, p, m, cfg, rows, repeats, steps, **kw) -> dict:
     """`repeats` runs of `run_compare_step_times` (pipelib and torch alternating step by step)."""
-    from pipelib.pipeline_torch import run_compare_step_times
+    from pipelib.pipeline.torch_twin import run_compare_step_times
 
     got = {"pipelib": [], "torch": []}
     paired = []
@@ -80,9 +80,9 @@ def fidelity(p: int = 4, m: int = 8) -> list[dict]:
     from pipelib import Cluster
     from pipelib.costmodel import get_profile
     from pipelib.model import MLPConfig
-    from pipelib.pipeline import resolve_schedule, run_train_step
-    from pipelib.schedules import GENERATORS
-    from pipelib.simulate import Costs, simulate
+    from pipelib.pipeline.step import resolve_schedule, run_train_step
+    from pipelib.pipeline.schedules import GENERATORS
+    from pipelib.pipeline.simulate import Costs, simulate
     from pipelib.trace import Kind
 
     cfg = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=4 * p)

@@ -10,7 +10,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-_LAZY = {"Cluster": "pipelib.cluster"}
+_LAZY = {"Cluster": "pipelib.runtime.cluster"}
 
 
 def __getattr__(name):

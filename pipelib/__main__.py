@@ -21,8 +21,8 @@ def check(device: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from . import comms
-    from .device import Device, DeviceSpec, set_current
+    from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import Device, DeviceSpec, set_current
 
     if "RANK" not in os.environ:
         print("run me under torchrun: torchrun --nproc-per-node 2 -m pipelib check", file=sys.stderr)
@@ -51,7 +51,7 @@ def check(device: str) -> int:
 def doctor() -> int:
     import torch
 
-    from .cluster import Cluster
+    from pipelib.runtime.cluster import Cluster
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPU cores")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0

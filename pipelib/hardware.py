@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .costmodel import LINKS, PROFILES, GiB, KiB, MiB, matmul_flops
+from pipelib.costmodel import LINKS, PROFILES, GiB, KiB, MiB, matmul_flops
 
 SOFTMAX_FLOPS_PER_ELEMENT = 5  # max, subtract, exp, sum, divide (exp counted as one FLOP)
 
@@ -323,7 +323,7 @@ def pingpong(sizes_bytes, repeats: int = 10, peer: int = 1, device=None) -> dict
     import torch.distributed as dist
 
     if device is None:
-        from .device import current
+        from pipelib.runtime.device import current
 
         device = current().torch_device
     rank = dist.get_rank()
@@ -364,7 +364,7 @@ class LinkMeasurement:
 
     def link(self, name: str = "measured"):
         """A costmodel.Link: alpha + n / beta seconds for n bytes."""
-        from .costmodel import Link
+        from pipelib.costmodel import Link
 
         return Link(name, self.latency, self.bandwidth)
 

@@ -81,8 +81,8 @@ def _scaling_step(k: int, serial_units: int, parallel_units_per_rank: list[int])
     import torch
     import torch.distributed as dist
 
-    from . import comms
-    from .device import current
+    from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import current
 
     dev, rank = current(), dist.get_rank()
     dist.barrier()  # start together (wall clock); the virtual clock was reset to 0 on every rank

@@ -1,7 +1,7 @@
 """One event type for what the cluster measured and what `simulate` predicts.
 
 Every op in pipelib (compute, send, receive, collective) records an `Event` on its rank;
-`Cluster.trace()` gathers every rank's events into one `Trace`. `pipelib.simulate` produces
+`Cluster.trace()` gathers every rank's events into one `Trace`. `pipelib.pipeline.simulate` produces
 events of the same type, so one figure function draws predicted above measured, and the
 bubble is simply idle time on the timeline.
 

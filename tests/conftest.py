@@ -15,7 +15,7 @@ os.environ[SESSION_VAR] = uuid.uuid4().hex
 @pytest.fixture(scope="session")
 def cluster4():
     """One 4-engine simulated cluster shared by the cluster tests (start-up costs seconds)."""
-    from pipelib.cluster import Cluster
+    from pipelib.runtime.cluster import Cluster
 
     c = Cluster(4, timeout=30)  # generous: first runs on fresh engines import and count FLOPs
     yield c

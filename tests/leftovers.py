@@ -16,7 +16,7 @@ def cluster_processes():
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         if ("ipyparallel.engine" in cmd or "ipyparallel.controller" in cmd or "ipcluster" in cmd
-                or "pipelib._watchdog" in cmd):
+                or "pipelib.runtime.watchdog" in cmd):
             try:
                 if p.status() != psutil.STATUS_ZOMBIE and p.environ().get(SESSION_VAR) == os.environ.get(SESSION_VAR):
                     out.append(p.info["pid"])

@@ -9,8 +9,8 @@ import psutil
 import pytest
 
 from leftovers import cluster_processes
-from pipelib.cluster import Cluster, RankDiedError, RankError, RankTimeoutError
-from pipelib.device import SimulatedOutOfMemoryError
+from pipelib.runtime.cluster import Cluster, RankDiedError, RankError, RankTimeoutError
+from pipelib.runtime.device import SimulatedOutOfMemoryError
 
 pytestmark = pytest.mark.cluster
 
@@ -92,8 +92,8 @@ def test_stalled_rank_times_out_naming_rank_and_activity(cluster4):
 def _traced_step():
     import torch
 
-    from pipelib import comms
-    from pipelib.device import current
+    from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import current
 
     import torch.distributed as dist
     dev, rank = current(), dist.get_rank()
@@ -132,7 +132,7 @@ def test_virtual_clock_gives_identical_timelines_even_under_load(cluster4):
 def _oom():
     import torch
 
-    from pipelib.device import current
+    from pipelib.runtime.device import current
 
     dev = current()
     dev.memory.capacity = 4096
@@ -178,7 +178,7 @@ def test_killed_engine_mid_collective_names_the_rank_fast():
 
 
 def _wall_padded():
-    from pipelib.device import current
+    from pipelib.runtime.device import current
 
     dev = current()
     dev.reset()
@@ -214,7 +214,7 @@ def test_sigkilled_kernel_leaves_no_cluster_process_after_10s():
         kc.execute_interactive(KERNEL_CODE, timeout=120,
                                output_hook=lambda m: out.append(m["content"].get("text", "")))
         tag = "".join(out).split("TAG", 1)[1].split()[0]
-        from pipelib._watchdog import tagged_processes
+        from pipelib.runtime.watchdog import tagged_processes
         assert len(tagged_processes(tag)) >= 3  # controller(s) and 2 engines
         px = []
         kc.execute_interactive("%%px --no-stream --group-outputs=engine\nprint('px rank', rank)", timeout=30,

@@ -2,8 +2,8 @@
 exact byte counts; alpha-beta time exact on the simulated device; mismatches as clear errors."""
 import pytest
 
-from pipelib import collectives as C
-from pipelib.cluster import RankError
+from pipelib.comm import collectives as C
+from pipelib.runtime.cluster import RankError
 
 pytestmark = pytest.mark.cluster
 
@@ -25,7 +25,8 @@ def _compare(ranks, sizes, big):
     import torch
     import torch.distributed as dist
 
-    from pipelib import collectives as C, comms
+    from pipelib.comm import collectives as C
+    from pipelib.comm import p2p as comms
 
     g = _group(ranks)
     if dist.get_rank() not in ranks:
@@ -129,7 +130,7 @@ def _timed(name, numel):
     import torch
     import torch.distributed as dist
 
-    from pipelib.device import current
+    from pipelib.runtime.device import current
 
     x = torch.ones(numel)
     fn = getattr(C, name)
@@ -201,7 +202,7 @@ def _one(name):
 
 @pytest.mark.parametrize("name", ["all_reduce", "all_reduce_naive", "all_gather", "broadcast", "reduce_scatter", "all_to_all"])
 def test_replay_from_the_trace_ends_where_the_collective_promises(cluster4, name):
-    from pipelib import viz_comms
+    from pipelib.viz import comm as viz_comms
 
     cluster4.reset()
     cluster4.run(_one, name)
@@ -227,7 +228,8 @@ def _segmented(ranks, cases):
     import torch
     import torch.distributed as dist
 
-    from pipelib import collectives as C, comms
+    from pipelib.comm import collectives as C
+    from pipelib.comm import p2p as comms
 
     g = _group(ranks)
     if dist.get_rank() not in ranks:
@@ -267,7 +269,7 @@ def test_segmented_rings_equal_the_builtin(cluster4, ranks):
 
 
 def _measure(ranks, sizes):
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
 
     g = _group(ranks)
     return pingpong.measure_collective("all_reduce", sizes, repeats=1, group=g, warmup=0)
@@ -277,7 +279,7 @@ def _measure(ranks, sizes):
 def test_ring_all_reduce_time_is_the_alpha_beta_prediction_on_sim(cluster4, ranks):
     """Virtual-clock time of the ring all-reduce, from a common start to its slowest rank,
     equals 2(n-1) alpha + 2(n-1)/n N / beta at every size (sizes divisible by n)."""
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
     from pipelib.costmodel import PROFILES
 
     link = PROFILES["toy-gpu"].link
@@ -291,13 +293,13 @@ def test_ring_all_reduce_time_is_the_alpha_beta_prediction_on_sim(cluster4, rank
 
 
 def _shift(sizes):
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
 
     return pingpong.ring_shift(sizes, repeats=1, warmup=0)
 
 
 def test_ring_shift_fit_is_the_link_on_sim(cluster4):
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
     from pipelib.costmodel import PROFILES
 
     link = PROFILES["toy-gpu"].link
@@ -309,7 +311,7 @@ def test_ring_shift_fit_is_the_link_on_sim(cluster4):
 def _bad_args(kind):
     import torch
 
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
 
     if kind == "segment":
         C.all_reduce(torch.ones(4), segment_bytes=-1)
@@ -328,7 +330,7 @@ def test_bad_arguments_are_value_errors(cluster4, kind, pattern):
 
 
 def test_relative_fit_is_exact_on_a_line_and_keeps_alpha_when_a_big_size_is_off():
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
 
     sizes = [4**k for k in range(13)]
     alpha, beta = 50e-6, 2e9
@@ -343,7 +345,7 @@ def test_relative_fit_is_exact_on_a_line_and_keeps_alpha_when_a_big_size_is_off(
 
 
 def test_compare_is_measured_over_predicted():
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
 
     rows = [{"bytes": 1000, "time": 3.0}, {"bytes": 2000, "time": 2.5}]
     out = pingpong.compare("all_reduce", rows, 2, alpha=0.5, beta=1000.0)

@@ -1,7 +1,7 @@
 """Point-to-point: checked messages, clear errors naming rank and value, counters, batches."""
 import pytest
 
-from pipelib.cluster import RankError
+from pipelib.runtime.cluster import RankError
 
 pytestmark = pytest.mark.cluster
 
@@ -10,7 +10,7 @@ def _bad_peer(kind):
     import torch
     import torch.distributed as dist
 
-    from pipelib import comms
+    from pipelib.comm import p2p as comms
 
     if dist.get_rank() != 1:
         return None
@@ -36,7 +36,7 @@ def _mismatch(numel, dtype):
     import torch
     import torch.distributed as dist
 
-    from pipelib import comms
+    from pipelib.comm import p2p as comms
 
     r = dist.get_rank()
     if r == 0:
@@ -62,7 +62,7 @@ def _exchange():
     import torch
     import torch.distributed as dist
 
-    from pipelib import comms
+    from pipelib.comm import p2p as comms
 
     r, n = dist.get_rank(), dist.get_world_size()
     comms.reset_counters()
@@ -101,13 +101,13 @@ def test_exchanges_batches_order_and_counters(cluster4):
 
 
 def _pingpong_sim():
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
 
     return pingpong.pingpong([1, 1024, 2**20], repeats=2)
 
 
 def test_alpha_beta_fit_is_exact_on_sim(cluster4):
-    from pipelib import pingpong
+    from pipelib.comm import lab as pingpong
     from pipelib.costmodel import PROFILES
 
     link = PROFILES["toy-gpu"].link

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pipelib.costmodel import PROFILES, get_profile
-from pipelib.device import Device, DeviceSpec, MemoryTracker, SimulatedOutOfMemoryError, WallClock
+from pipelib.runtime.device import Device, DeviceSpec, MemoryTracker, SimulatedOutOfMemoryError, WallClock
 from pipelib.trace import Kind
 
 
@@ -120,7 +120,7 @@ def test_saved_activations_counted_on_sim_only_unless_asked():
 
 
 def test_measured_compute_records_its_wall_time_and_restores_the_beacon(tmp_path):
-    from pipelib.device import Activity
+    from pipelib.runtime.device import Activity
 
     dev = Device(spec=DeviceSpec("cpu"), activity_path=str(tmp_path / "beacon"))
     with dev.activity.doing("running a test"):

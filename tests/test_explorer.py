@@ -2,12 +2,12 @@
 reader (sliders, dropdown, button), and measured on the cluster equal to predicted."""
 import pytest
 
-from pipelib.explorer import (
+from pipelib.pipeline.explorer import (
     CHUNKED, SPLIT, Setting, explorer, explorer_figures, explorer_sweep, max_difference, predict,
     summary_html,
 )
-from pipelib.schedules import GENERATORS
-from pipelib.simulate import bubble_closed_form
+from pipelib.pipeline.schedules import GENERATORS
+from pipelib.pipeline.simulate import bubble_closed_form
 from pipelib.trace import Event, Kind, Trace
 
 PLOTLY = "application/vnd.plotly.v1+json"

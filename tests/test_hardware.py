@@ -123,7 +123,7 @@ def test_figures_build():
 # ----------------------------------------------------------------------------- live link
 @pytest.mark.cluster
 def test_pingpong_between_two_cpu_engines():
-    from pipelib.cluster import Cluster
+    from pipelib.runtime.cluster import Cluster
 
     sizes = [8, 4096, MiB]
     with Cluster(2, device="cpu", timeout=30) as cluster:

@@ -5,12 +5,12 @@ import torch
 
 from pipelib.costmodel import get_profile
 from pipelib.model import MLPConfig
-from pipelib.pipeline import (
+from pipelib.pipeline.step import (
     check_step, monolith_step, partition, resolve_schedule, run_train_step, split_into_stages,
     train_step,
 )
-from pipelib.schedules import Action, ScheduleDeadlock, as_schedule
-from pipelib.simulate import Costs, simulate
+from pipelib.pipeline.schedules import Action, ScheduleDeadlock, as_schedule
+from pipelib.pipeline.simulate import Costs, simulate
 from pipelib.trace import Kind
 
 pytestmark = pytest.mark.cluster
@@ -146,7 +146,7 @@ def test_repeated_steps_give_one_steps_gradients_and_times(cluster4):
 
 
 def test_kept_shapes_refuse_another_batch_shape():
-    from pipelib.pipeline_exec import _shapes
+    from pipelib.pipeline.executor import _shapes
 
     s = resolve_schedule("gpipe", 2, 2)
     cache = {(s, 0): (((2, 16), torch.float32), {0: ((2, 16), torch.float32)}, {})}
@@ -156,7 +156,7 @@ def test_kept_shapes_refuse_another_batch_shape():
 
 
 def _sends(name, p, m):
-    from pipelib.device import current
+    from pipelib.runtime.device import current
 
     train_step(name, p, m, CFG, batch_seed=0)
     return [(e.label, e.stage, e.microbatch, e.peer) for e in current().tracer.take()
@@ -216,9 +216,9 @@ def _rank0_never_sends():
     import torch.nn.functional as F
 
     from pipelib.model import MLP
-    from pipelib.pipeline import Stage, execute, split_into_stages
-    from pipelib.pipeline_exec import _exchange_shapes
-    from pipelib.schedules import naive
+    from pipelib.pipeline.step import Stage, execute, split_into_stages
+    from pipelib.pipeline.executor import _exchange_shapes
+    from pipelib.pipeline.schedules import naive
 
     s = naive(2, 1)
     modules = split_into_stages(MLP(CFG).layers, 2)
@@ -232,7 +232,7 @@ def _rank0_never_sends():
 
 
 def test_a_receive_that_never_arrives_names_the_rank_and_the_action():
-    from pipelib.cluster import Cluster, RankTimeoutError
+    from pipelib.runtime.cluster import Cluster, RankTimeoutError
 
     with Cluster(2, timeout=3) as cluster:
         with pytest.raises(RankTimeoutError, match=r"rank 1 did not finish .*act for 1F0: recv "

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from pipelib.model import MLP, MLPConfig
-from pipelib.pipeline import monolith_step, run_train_step, split_into_stages
-from pipelib.pipeline_blocking import check_blocking, stage_input_shapes, train_step_blocking
-from pipelib.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble_h1
-from pipelib.simulate import Costs
+from pipelib.pipeline.step import monolith_step, run_train_step, split_into_stages
+from pipelib.pipeline.blocking import check_blocking, stage_input_shapes, train_step_blocking
+from pipelib.pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble_h1
+from pipelib.pipeline.simulate import Costs
 
 CFG = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=4)
 ROWS = 2  # rows per microbatch
@@ -57,7 +57,7 @@ def test_what_it_cannot_run_fails_before_any_message(schedule, match):
 # ----------------------------------------------------------------------------- on a cluster
 def _warm_up():
     """Imports and a first forward, before any message: a cold engine is slow (seconds)."""
-    import pipelib.pipeline  # noqa: F401
+    import pipelib.pipeline.step  # noqa: F401
 
     modules = split_into_stages(MLP(CFG).layers, 2)
     return stage_input_shapes(modules, torch.zeros(ROWS, CFG.in_features))
@@ -65,7 +65,7 @@ def _warm_up():
 
 @pytest.fixture(scope="module")
 def cluster2():
-    from pipelib.cluster import Cluster
+    from pipelib.runtime.cluster import Cluster
 
     with Cluster(2, timeout=TIMEOUT) as c:
         c.run(_warm_up, timeout=60)
@@ -80,7 +80,7 @@ def test_gpipe_with_blocking_sends_equals_the_monolith(cluster2):
 
 @pytest.mark.cluster
 def test_1f1b_with_blocking_sends_deadlocks_into_an_error_naming_every_rank(cluster2):
-    from pipelib.cluster import RankTimeoutError
+    from pipelib.runtime.cluster import RankTimeoutError
 
     try:
         with pytest.raises(RankTimeoutError) as err:

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from pipelib.model import GPTConfig
-from pipelib.pipeline_gpt import (
+from pipelib.pipeline.gpt import (
     PIPELINE_GPT, check_gpt_step, gpt_monolith_step, gpt_stages, gpt_train_step,
     run_gpt_train_step, tied_ranks,
 )
-from pipelib.pipeline import resolve_schedule
-from pipelib.simulate import Costs
+from pipelib.pipeline.step import resolve_schedule
+from pipelib.pipeline.simulate import Costs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("one_thread")]  # small models: 1 thread
 
@@ -88,7 +88,7 @@ def test_without_the_sum_each_copy_holds_only_its_own_use(cluster4):
 def _tied_step(name, p, m, megatron):
     """The sum by an exchange on the pipeline group, or Megatron's way: an all-reduce on the
     {first, last} group, which every rank must create."""
-    from pipelib.pipeline_gpt import embedding_group
+    from pipelib.pipeline.gpt import embedding_group
 
     group = embedding_group(resolve_schedule(name, p, m)) if megatron else None
     return gpt_train_step(name, p, m, CFG, batch_seed=m, emb_group=group, stats=True, costs=COSTS)

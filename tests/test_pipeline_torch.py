@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pipelib.model import MLPConfig
-from pipelib.pipeline import monolith_step, resolve_schedule, train_step
-from pipelib.pipeline_torch import (
+from pipelib.pipeline.step import monolith_step, resolve_schedule, train_step
+from pipelib.pipeline.torch_twin import (
     TORCH_SCHEDULES, check_torch_step, run_compare_step_times, run_torch_train_step,
     torch_pipeline_order, torch_train_step,
 )

@@ -24,8 +24,8 @@ import pytest
 
 from pipelib.costmodel import Link, get_profile
 from pipelib.model import MLPConfig
-from pipelib.pipeline import resolve_schedule, train_step
-from pipelib.simulate import Costs, SimResult, simulate
+from pipelib.pipeline.step import resolve_schedule, train_step
+from pipelib.pipeline.simulate import Costs, SimResult, simulate
 from pipelib.trace import Kind, Trace
 
 pytestmark = pytest.mark.cluster
@@ -73,7 +73,7 @@ def _step(name, p, m, costs):
 @pytest.fixture(scope="module")
 def wall8():
     """8 sleeping engines on 2 cores (sleep burns no CPU); p=2 and 4 use its first ranks."""
-    from pipelib.cluster import Cluster
+    from pipelib.runtime.cluster import Cluster
 
     with Cluster(8, clock="wall", profile=PROFILE, timeout=30) as cluster:
         for p in (2, 4, 8, 2, 4, 8):  # warm up: the first steps after a start run late

@@ -1,9 +1,9 @@
-"""Pure tests of pipelib.schedules: generators, validate, format_table, CSV, and torch's orders."""
+"""Pure tests of pipelib.pipeline.schedules: generators, validate, format_table, CSV, and torch's orders."""
 from collections import Counter
 
 import pytest
 
-from pipelib.schedules import (
+from pipelib.pipeline.schedules import (
     GENERATORS, Action, Op, Schedule, ScheduleDeadlock, as_schedule, dualpipe_v, format_table,
     from_csv, gpipe, interleaved_1f1b, interleaved_zero_bubble, naive, one_f_one_b, read_csv,
     to_csv, validate, write_csv, zbv, zero_bubble_h1,

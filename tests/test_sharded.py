@@ -5,13 +5,14 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from pipelib import memory, sharded
+from pipelib import memory
+from pipelib.pipeline import handwritten as sharded
 from pipelib.costmodel import get_profile
 from pipelib.data import spirals
 from pipelib.model import MLP, MLPConfig
-from pipelib.pipeline import run_train_step
-from pipelib.schedules import gpipe, naive
-from pipelib.simulate import Costs, simulate
+from pipelib.pipeline.step import run_train_step
+from pipelib.pipeline.schedules import gpipe, naive
+from pipelib.pipeline.simulate import Costs, simulate
 from pipelib.trace import Kind
 from pipelib.train import train_mlp
 

@@ -1,11 +1,11 @@
-"""Pure tests of pipelib.simulate: timelines, bubbles against closed forms, memory, deadlocks."""
+"""Pure tests of pipelib.pipeline.simulate: timelines, bubbles against closed forms, memory, deadlocks."""
 import pytest
 
-from pipelib.schedules import (
+from pipelib.pipeline.schedules import (
     Action, Op, ScheduleDeadlock, as_schedule, dualpipe_v, gpipe, interleaved_1f1b, naive,
     one_f_one_b, zbv, zero_bubble_h1,
 )
-from pipelib.simulate import Costs, SimResult, bubble_closed_form, simulate
+from pipelib.pipeline.simulate import Costs, SimResult, bubble_closed_form, simulate
 from pipelib.trace import Event, Kind, Trace
 
 PS = [2, 3, 4, 8]

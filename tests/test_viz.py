@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from pipelib.display import figure_bundle
+from pipelib.viz.display import figure_bundle
 from pipelib.trace import Event, Kind, Trace
-from pipelib.viz import memory_figure, speedup_figure, sweep_figure, timeline_figure
+from pipelib.viz.timeline import memory_figure, speedup_figure, sweep_figure, timeline_figure
 
 
 def _trace(offset=0.0):

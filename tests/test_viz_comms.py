@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from pipelib.display import figure_bundle
+from pipelib.viz.display import figure_bundle
 from pipelib.trace import Event, Kind, Trace
-from pipelib.viz_comms import (collective_animation, message_steps, replay, step_moves,
+from pipelib.viz.comm import (collective_animation, message_steps, replay, step_moves,
                                sweep_bandwidth_figure, sweep_figure)
 
 
@@ -16,7 +16,7 @@ def _send(rank, peer, label, nbytes=8):
 
 
 def _ring_all_reduce(n):
-    """The messages of pipelib.collectives.all_reduce on n ranks, as its trace labels them."""
+    """The messages of pipelib.comm.collectives.all_reduce on n ranks, as its trace labels them."""
     evs = []
     for s in range(n - 1):
         for r in range(n):

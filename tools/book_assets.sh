@@ -6,7 +6,7 @@
 # Writes book/_vendor/static/ (git-ignored, never committed), which _config.yml serves as
 # Sphinx static files (copied to _build/html/_static/):
 #   plotly.min.js      from the installed plotly wheel (plotly/package_data/), so the figures
-#                      pipelib.display.show() emits match the plotly the kernel ran
+#                      pipelib.viz.display.show() emits match the plotly the kernel ran
 #   require.js         requirejs, the AMD loader the ipywidgets embed bundle needs
 #   embed-amd.js       @jupyter-widgets/html-manager: renders saved widget state (ipywidgets 8)
 #   jupyter-widgets/   the fonts that bundle's CSS loads (widget icons)

@@ -4,7 +4,7 @@ tools/book_assets.sh puts plotly.min.js, require.js, the ipywidgets embed bundle
 book/_vendor/static/, which _config.yml lists in `html_static_path` (copied to `_static/`) and
 points `mathjax_path` and `nb_ipywidgets_js` at. This extension does the rest:
 
-- adds `_static/plotly.min.js` to the pages that hold a figure made by `pipelib.display.show`
+- adds `_static/plotly.min.js` to the pages that hold a figure made by `pipelib.viz.display.show`
   (a `plotly-graph-div` whose inline script calls `Plotly.newPlot` as soon as it is parsed), as a
   plain blocking script in <head>, so `window.Plotly` exists before the body runs. Priority 100
   puts it ahead of require.js (myst-nb, 500): plotly.js 4 sets `window.Plotly` itself and does
@@ -18,7 +18,7 @@ points `mathjax_path` and `nb_ipywidgets_js` at. This extension does the rest:
   uses), by a precise one: an output warns when it holds a mimetype myst-nb cannot render, unless
   it is the plotly mimetype next to a `plotly-graph-div` HTML rendering. A bare `fig.show()` or
   `fig` (plotly mimetype alone: the figure would silently vanish from the book) still fails the
-  build, with a message that says to use `pipelib.display.show(fig)`.
+  build, with a message that says to use `pipelib.viz.display.show(fig)`.
 
 It never globs `_static`: Jupyter Book 1 adds every .js under a root `_static/` folder to every
 page, which with MathJax's component files means hundreds of scripts. Keep the book without a
@@ -117,7 +117,7 @@ def _check_outputs(app: Sphinx, doctree) -> None:
                     continue
                 hint = (
                     "a plotly figure shown with fig.show() or as a cell's value is not drawn "
-                    "in the static book: display it with pipelib.display.show(fig)"
+                    "in the static book: display it with pipelib.viz.display.show(fig)"
                     if mime == PLOTLY_MIME else "the static book skips this output"
                 )
                 logger.warning(

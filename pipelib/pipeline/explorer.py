@@ -23,11 +23,11 @@ from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 
-from .display import figure_bundle
-from .schedules import GENERATORS, Schedule
-from .simulate import Costs, SimResult, bubble_closed_form, simulate
-from .trace import Kind, Trace
-from .viz import memory_figure, sweep_figure, timeline_figure
+from pipelib.viz.display import figure_bundle
+from pipelib.pipeline.schedules import GENERATORS, Schedule
+from pipelib.pipeline.simulate import Costs, SimResult, bubble_closed_form, simulate
+from pipelib.trace import Kind, Trace
+from pipelib.viz.timeline import memory_figure, sweep_figure, timeline_figure
 
 __all__ = ["Setting", "predict", "summary_html", "explorer_figures", "explorer_sweep",
            "measure", "Measurement", "Explorer", "explorer"]
@@ -161,9 +161,9 @@ def measure(cluster, setting: Setting, model_config=None, rows: int = 2) -> Meas
     in the prediction (1 ms if p2p_ratio is 0: a real link is never free). On a simulated
     device with the virtual clock, measured and predicted coincide (max_diff ~ 0).
     """
-    from .costmodel import get_profile
-    from .model import MLPConfig
-    from .pipeline import run_train_step
+    from pipelib.costmodel import get_profile
+    from pipelib.model import MLPConfig
+    from pipelib.pipeline.step import run_train_step
 
     s = setting.build()
     if cluster.world_size < s.num_ranks:
@@ -192,7 +192,7 @@ class Explorer(widgets.VBox):
 
     Every change re-simulates and redraws (`redraw`, timed in `last_redraw_s`); the button runs
     `measure` and draws measured above predicted. The figures are written into the Output's
-    outputs as the bundle `pipelib.display.show` emits, so they render without a kernel too.
+    outputs as the bundle `pipelib.viz.display.show` emits, so they render without a kernel too.
     """
 
     def __init__(self, cluster=None, setting: Setting = Setting(), *, max_p: int = 8, max_m: int = 32):

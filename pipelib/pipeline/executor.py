@@ -3,7 +3,7 @@
     stages = [Stage(module, s, S) for s, module in my_stages]         # this rank's stages
     loss = execute(schedule, stages, batch, targets, F.cross_entropy, group)
 
-`execute` walks this rank's actions (`pipelib.schedules`) in order. Who sends what to whom
+`execute` walks this rank's actions (`pipelib.pipeline.schedules`) in order. Who sends what to whom
 follows from the actions: the F of stage s sends its output activation ("act", microbatch
 bytes x width) to the rank of stage s+1; the B or I of stage s sends the gradient of its input
 ("grad", the same shape) to the rank of stage s-1; W sends nothing. Three rules make any schedule
@@ -31,10 +31,10 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from . import comms
-from .device import current
-from .pipeline_stage import Stage
-from .schedules import Op, Schedule, validate
+from pipelib.comm import p2p as comms
+from pipelib.runtime.device import current
+from pipelib.pipeline.stage import Stage
+from pipelib.pipeline.schedules import Op, Schedule, validate
 
 __all__ = ["execute"]
 
@@ -179,7 +179,7 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     the whole batch's. Gradients accumulate into the parameters' .grad (zero them between steps).
 
     `group`: the schedule's ranks are ranks 0..n-1 of `group`; its other ranks have no work.
-    `costs` (a `pipelib.simulate.Costs`): give each op that modelled duration on a simulated
+    `costs` (a `pipelib.pipeline.simulate.Costs`): give each op that modelled duration on a simulated
     device, so the timeline can be compared with `simulate`; without it, FLOPs are counted.
     `stats`, if a dict, receives peak_activation_bytes (this rank's saved activations at their
     most; None on a device that does not count them: `DeviceSpec.track_memory`), messages and

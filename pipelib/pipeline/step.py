@@ -5,8 +5,8 @@
     monolith_step(cfg, 64)                                        # the reference: same loss, grads
 
 Every rank builds the same seeded model, cuts it into the schedule's stages, keeps its own and
-runs `execute` (`pipelib.pipeline_exec`, the one executor, re-exported here with the stage
-helpers of `pipelib.pipeline_stage`). `timed_steps` and `prepare_step` are the benchmark's
+runs `execute` (`pipelib.pipeline.executor`, the one executor, re-exported here with the stage
+helpers of `pipelib.pipeline.stage`). `timed_steps` and `prepare_step` are the benchmark's
 building blocks (`pipeline_torch.compare_step_times` runs torch's twin of the same step).
 
 Introduced in chapter 10; chapters 11-13 run every schedule through `run_train_step`.
@@ -21,12 +21,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .device import current
-from .pipeline_exec import execute  # noqa: F401 (re-exported)
-from .pipeline_stage import (  # noqa: F401 (re-exported)
+from pipelib.runtime.device import current
+from pipelib.pipeline.executor import execute  # noqa: F401 (re-exported)
+from pipelib.pipeline.stage import (  # noqa: F401 (re-exported)
     Stage, partition, split_into_stages, stage_grads, stage_modules,
 )
-from .schedules import GENERATORS, Schedule, validate
+from pipelib.pipeline.schedules import GENERATORS, Schedule, validate
 
 __all__ = ["Stage", "split_into_stages", "partition", "execute", "resolve_schedule",
            "check_step", "train_step", "run_train_step", "monolith_step", "make_batch",
@@ -37,9 +37,9 @@ _ALIASES = {"one_f_one_b": "1f1b", "zero_bubble_h1": "zb_h1", "zbh1": "zb_h1", "
 
 def resolve_schedule(schedule, p: int | None = None, m: int | None = None,
                      num_chunks: int = 2) -> Schedule:
-    """A `Schedule` from a name in `pipelib.schedules.GENERATORS` (with p, m) or a Schedule/dict."""
+    """A `Schedule` from a name in `pipelib.pipeline.schedules.GENERATORS` (with p, m) or a Schedule/dict."""
     if not isinstance(schedule, str):
-        from .schedules import as_schedule
+        from pipelib.pipeline.schedules import as_schedule
 
         return as_schedule(schedule)
     name = _ALIASES.get(schedule, schedule)
@@ -83,7 +83,7 @@ def make_batch(model_config, batch_size: int, seed: int = 0):
 def monolith_step(model_config, batch_size: int, batch_seed: int = 0, *, model_seed: int = 0,
                   dtype=torch.float32):
     """The reference: one forward and backward of the whole MLP in one process: (loss, grads)."""
-    from .model import MLP
+    from pipelib.model import MLP
 
     model = MLP(model_config, seed=model_seed).to(dtype)
     x, y = make_batch(model_config, batch_size, batch_seed)
@@ -166,7 +166,7 @@ def train_step(schedule, p: int | None = None, m: int | None = None, model_confi
     per step (`timed_steps`) is appended to the returned tuple (the benchmark's timing mode).
     `recv_ahead` and `check` are `execute`'s.
     """
-    from .model import MLPConfig
+    from pipelib.model import MLPConfig
 
     s = resolve_schedule(schedule, p, m, num_chunks)
     rank = dist.get_rank(group)
@@ -188,7 +188,7 @@ def train_step(schedule, p: int | None = None, m: int | None = None, model_confi
 def run_train_step(cluster, schedule, p=None, m=None, model_config=None, batch_seed: int = 0,
                    **kw) -> list:
     """Check everything in the notebook process (`check_step`), then `train_step` on every rank."""
-    from .model import MLPConfig
+    from pipelib.model import MLPConfig
 
     s = check_step(schedule, p, m, model_config or MLPConfig(), kw.get("batch_size"),
                    num_chunks=kw.get("num_chunks", 2), world_size=cluster.world_size)

@@ -4,9 +4,9 @@ Every figure here takes a `Trace` (measured on the cluster or produced by `simul
 numbers typed by hand. Figures are deterministic for the same events, so a re-run gives the
 same output. Animations use plotly's own frames, so they play in the static book too: time
 advancing (`timeline_figure`) or a parameter changing (`sweep_figure`, the static stand-in for
-the schedule explorer's sliders, `pipelib.explorer`). `timeline_figure(overlay=...)` draws
+the schedule explorer's sliders, `pipelib.pipeline.explorer`). `timeline_figure(overlay=...)` draws
 measured above predicted on one time axis.
-Show them with `pipelib.display.show`. This module never imports torch.distributed.
+Show them with `pipelib.viz.display.show`. This module never imports torch.distributed.
 
 Introduced in chapter 04.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from .trace import Kind, Trace
+from pipelib.trace import Kind, Trace
 
 KIND_COLORS = {
     Kind.COMPUTE: "#4C78A8",

@@ -9,7 +9,7 @@ runs. This module is those steps, written plainly on top of the book's pieces:
   sent and received *blocking*, as one first writes them;
 - `naive_step` (chapter 10) and `gpipe_step` (chapter 11): the two schedules written as loops.
   Their orders are exactly `schedules.naive(p, m)` and `schedules.gpipe(p, m)`, which
-  `pipelib.pipeline.execute` runs from data; the chapters check that both give the same
+  `pipelib.pipeline.step.execute` runs from data; the chapters check that both give the same
   timeline, loss and gradients;
 - `train`: the orchestrator, chapter 02's loop (`pipelib.train.train_mlp`) on every rank with the
   model cut across ranks; its losses equal the monolith's step by step.
@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import comms
-from .device import current
-from .pipeline import execute, resolve_schedule
-from .pipeline_stage import Stage, partition, stage_modules
-from .schedules import Op
-from .trace import Trace
+from pipelib.comm import p2p as comms
+from pipelib.runtime.device import current
+from pipelib.pipeline.step import execute, resolve_schedule
+from pipelib.pipeline.stage import Stage, partition, stage_modules
+from pipelib.pipeline.schedules import Op
+from pipelib.trace import Trace
 
 __all__ = ["ShardedMLP", "naive_step", "gpipe_step", "HAND_WRITTEN", "train", "run_train",
            "stage_flops", "stage_activation_bytes", "pipeline_trace"]
@@ -50,7 +50,7 @@ class ShardedMLP:
 
     Every rank builds the whole MLP from the same seed (cheap here; a real model would be built
     slice by slice) and keeps only the layers `partition` gives its stage. `costs` (a
-    `pipelib.simulate.Costs`) gives each F and B its modelled duration on a simulated device.
+    `pipelib.pipeline.simulate.Costs`) gives each F and B its modelled duration on a simulated device.
     """
 
     def __init__(self, config, num_stages: int, *, seed: int = 0, balance="layers",
@@ -267,7 +267,7 @@ def stage_activation_bytes(config, num_stages: int, rows: int, balance="layers",
     stages this is `memory.mlp_activation_bytes(config, rows)` plus the p-1 activations at the
     cuts, which the sender and the receiver both keep.
     """
-    from .memory import INDEX_BYTES
+    from pipelib.memory import INDEX_BYTES
 
     d, last = config.dims, config.num_layers - 1
     bias = 1 if getattr(config, "bias", True) else 0

@@ -6,14 +6,14 @@ A schedule says, for every rank, the order in which it runs its compute actions.
 (forward), B (full backward), I (backward for the input gradient only) and W (backward for the
 weight gradient only); the I/W split is Zero Bubble's (Qi et al. 2023).
 
-Idle slots are never written: when a rank waits is an *output* of `pipelib.simulate`, not an
+Idle slots are never written: when a rank waits is an *output* of `pipelib.pipeline.simulate`, not an
 input. Who sends what to whom follows from the actions: the F of stage s sends its output
 activation to the rank of stage s+1, the B or I of stage s sends the gradient of its input to the
 rank of stage s-1; two stages on the same rank hand over locally and send nothing.
 
 Generators are pure functions of integers (p = num_stages of a plain pipeline = number of ranks,
 m = num_microbatches, v = num_chunks of stages per rank). The zero-bubble family lives in
-`pipelib.schedules_zb` and is re-exported here.
+`pipelib.pipeline.schedules_zb` and is re-exported here.
 
 Introduced in chapter 10 (naive), 11 (GPipe), 12 (1F1B, interleaved) and 13 (zero bubble).
 """
@@ -589,7 +589,7 @@ def write_csv(schedule, path) -> None:
         f.write(to_csv(schedule))
 
 
-from pipelib.schedules_zb import dualpipe_v, interleaved_zero_bubble, zbv, zero_bubble_h1  # noqa: E402
+from pipelib.pipeline.schedules_zb import dualpipe_v, interleaved_zero_bubble, zbv, zero_bubble_h1  # noqa: E402
 
 GENERATORS: dict[str, Callable[..., Schedule]] = {
     "naive": naive, "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved_1f1b": interleaved_1f1b,

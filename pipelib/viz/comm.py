@@ -1,7 +1,7 @@
 """Figures for communication: ping-pong curves, size sweeps, collectives replayed step by step.
 
 Every figure is drawn from measurements: `collective_animation` replays the SEND events a real
-run recorded (labels ``"<name> <phase> step <s> chunk <c>"``, see `pipelib.collectives`) and
+run recorded (labels ``"<name> <phase> step <s> chunk <c>"``, see `pipelib.comm.collectives`) and
 derives, step by step, whose contributions each rank holds in each chunk slot (`replay`) and
 which chunk each message moved where (`step_moves`, drawn as arrows). `sweep_figure` and
 `sweep_bandwidth_figure` draw measured times (and bandwidth) against the alpha-beta model.
@@ -17,7 +17,7 @@ import re
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .trace import Kind, Trace
+from pipelib.trace import Kind, Trace
 
 _LABEL = re.compile(r"^(?P<name>\S+) (?P<phase>\S+) step (?P<step>\d+) chunk (?P<chunk>\d+)$")
 REDUCING = {"reduce-scatter", "reduce"}
@@ -79,7 +79,7 @@ def step_moves(rows: list[dict], name: str, n: int) -> dict[int, list[dict]]:
     columns of `replay`'s state: one slot for the whole tensor (broadcast, reduce, naive
     all-reduce), else chunk c sits in slot c, except all-to-all, where rank src's input chunk
     dst (its slot dst) lands in slot src of rank dst (the transpose). A chunk sent as several
-    segment messages (real devices pipeline them, `pipelib.collectives`) is one move, with the
+    segment messages (real devices pipeline them, `pipelib.comm.collectives`) is one move, with the
     bytes of all its segments."""
     slots = len(replay([], name, n)[0][0])
     merged: dict[tuple, dict] = {}

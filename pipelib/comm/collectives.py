@@ -1,4 +1,4 @@
-"""Collectives written from point-to-point messages (`pipelib.comms`), checked against gloo's.
+"""Collectives written from point-to-point messages (`pipelib.comm.p2p`), checked against gloo's.
 
     all_reduce(x, op="sum", group=g)       # in place, bandwidth-optimal ring
     y = all_gather(x, group=g)             # concatenated along dim 0
@@ -34,7 +34,7 @@ messages the alpha-beta model counts. The bytes sent are the same either way.
 
 Every call records one COLLECTIVE event (bytes = what this rank sent) and, inside it, the
 point-to-point events, labelled ``"<name> <phase> step <s> chunk <c>"`` so a figure can replay
-which chunk went where at each step (`pipelib.viz_comms`).
+which chunk went where at each step (`pipelib.viz.comm`).
 
 Introduced in chapter 06.
 """
@@ -46,9 +46,9 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from . import comms
-from .device import current
-from .trace import Kind
+from pipelib.comm import p2p as comms
+from pipelib.runtime.device import current
+from pipelib.trace import Kind
 
 OPS = ("sum", "avg", "max", "min")
 _TAG = 9000  # collectives' messages never match a user's point-to-point ones

@@ -34,9 +34,9 @@ import time
 
 import psutil
 
-from ._watchdog import TAG_VAR, kernel_alive, sweep
-from .device import Activity, DeviceSpec
-from .trace import Trace
+from pipelib.runtime.watchdog import TAG_VAR, kernel_alive, sweep
+from pipelib.runtime.device import Activity, DeviceSpec
+from pipelib.trace import Trace
 
 MAX_WORLD_SIZE = 64
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -109,7 +109,7 @@ def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, pa
     import torch
     import torch.distributed as dist
 
-    from pipelib import device as devmod
+    from pipelib.runtime import device as devmod
 
     # Same import path and working directory as the notebook: functions defined in a module
     # beside it (or in a test module) are pickled by reference and must import on the engine.
@@ -154,7 +154,7 @@ def _warm_flop_counter():
 
 
 def _run_on_rank(fn, args, kwargs):
-    from pipelib.device import current
+    from pipelib.runtime.device import current
 
     name = getattr(fn, "__qualname__", repr(fn))
     with current().activity.doing(f"running {name}"):
@@ -162,13 +162,13 @@ def _run_on_rank(fn, args, kwargs):
 
 
 def _take_events():
-    from pipelib.device import current
+    from pipelib.runtime.device import current
 
     return current().tracer.take()
 
 
 def _reset_device():
-    from pipelib.device import current
+    from pipelib.runtime.device import current
 
     current().reset()
 
@@ -232,7 +232,7 @@ class Cluster:
         cfg = Config()
         cfg.LocalEngineSetLauncher.engine_args = [
             "--IPEngine.enable_nanny=False",
-            "--IPEngine.startup_command=import torch, torch.distributed, pipelib.device",
+            "--IPEngine.startup_command=import torch, torch.distributed, pipelib.runtime.device",
         ]
         cfg.LocalEngineSetLauncher.environment = env
         cfg.LocalControllerLauncher.environment = env
@@ -260,7 +260,7 @@ class Cluster:
     def _start_watchdog(self) -> None:
         me = psutil.Process()
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-m", "pipelib._watchdog", str(me.pid), repr(me.create_time()),
+            [sys.executable, "-m", "pipelib.runtime.watchdog", str(me.pid), repr(me.create_time()),
              self.tag, self._rundir],
             start_new_session=True, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -281,7 +281,7 @@ class Cluster:
         for rank, eid in enumerate(self._eids):
             self.client[eid].push({"rank": rank, "world_size": self.world_size}, block=True)
         self.view.execute("import torch, torch.distributed as dist, pipelib; "
-                          "from pipelib.device import current as _pipelib_current; "
+                          "from pipelib.runtime.device import current as _pipelib_current; "
                           "device = _pipelib_current()", block=True)
 
     def _activate_px(self) -> None:

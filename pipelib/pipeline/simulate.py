@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
-from pipelib.schedules import (
+from pipelib.pipeline.schedules import (
     Action, Op, Schedule, ScheduleDeadlock, _check_channels, _check_counts, _check_placement,
     _key, _messages, as_schedule, deadlock_message, dependencies,
 )

@@ -6,7 +6,7 @@ killed process. This watchdog is started by `Cluster.start()` in its own session
 the kernel's pid and, once the kernel is gone, terminates every process carrying the cluster's
 tag in its environment, then removes the cluster's run directory and exits.
 
-    python -m pipelib._watchdog KERNEL_PID KERNEL_CREATE_TIME TAG RUNDIR
+    python -m pipelib.runtime.watchdog KERNEL_PID KERNEL_CREATE_TIME TAG RUNDIR
 """
 from __future__ import annotations
 

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .device import Device, current
-from .trace import Kind
+from pipelib.runtime.device import Device, current
+from pipelib.trace import Kind
 
 _HEADER_DTYPE = torch.float64
 HEADER_LEN = 3  # sender's clock at posting, numel, dtype code

@@ -1,6 +1,6 @@
 """A pipeline runner with *blocking* sends: the way not to run 1F1B, kept to be watched failing.
 
-Chapter 12 runs this next to the real executor (`pipelib.pipeline.execute`). Both walk a
+Chapter 12 runs this next to the real executor (`pipelib.pipeline.step.execute`). Both walk a
 rank's actions in order and receive each input just before the compute that needs it. The one
 difference: here every send is blocking. `comms.send` returns only once the neighbour has posted
 the matching receive, because gloo sends are rendezvous (chapter 05).
@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import comms
-from .device import current
-from .pipeline_stage import Stage, partition, split_into_stages
-from .schedules import Op, Schedule, validate
+from pipelib.comm import p2p as comms
+from pipelib.runtime.device import current
+from pipelib.pipeline.stage import Stage, partition, split_into_stages
+from pipelib.pipeline.schedules import Op, Schedule, validate
 
 __all__ = ["check_blocking", "execute_blocking", "stage_input_shapes", "train_step_blocking"]
 
@@ -43,7 +43,7 @@ def stage_input_shapes(modules, x: torch.Tensor) -> list[tuple[int, ...]]:
     """The input shape of every stage for a microbatch `x`, found by running all stages once.
 
     Every rank builds the whole model here (same seed), so it can work out locally the shape
-    of each message it will receive; `pipelib.pipeline` asks the previous rank instead.
+    of each message it will receive; `pipelib.pipeline.step` asks the previous rank instead.
     """
     shapes = []
     with torch.no_grad():
@@ -59,11 +59,11 @@ def check_blocking(schedule) -> Schedule:
     if s.num_stages != s.num_ranks:
         raise ValueError(f"execute_blocking runs one stage per rank; schedule {s.name!r} has "
                          f"{s.num_stages} stages on {s.num_ranks} ranks; run it with "
-                         f"pipelib.pipeline.execute")
+                         f"pipelib.pipeline.step.execute")
     split = sorted({str(a) for acts in s.actions for a in acts if a.op not in (Op.F, Op.B)})
     if split:
         raise ValueError(f"execute_blocking runs F and B only; schedule {s.name!r} has "
-                         f"{split[:4]} (split backwards: chapter 13, pipelib.pipeline.execute)")
+                         f"{split[:4]} (split backwards: chapter 13, pipelib.pipeline.step.execute)")
     return s
 
 
@@ -78,7 +78,7 @@ def execute_blocking(schedule: Schedule, stage: Stage, batch, targets, loss_fn: 
     `stage` is this rank's only stage (stage r on rank r); `shapes[s]` is stage s's input shape
     for one microbatch (`stage_input_shapes`). `batch` is needed on rank 0, `targets` on the
     last rank. Each microbatch's loss is scaled by 1/m, as in `execute`. `costs` (a
-    `pipelib.simulate.Costs`) gives each op its modelled duration on a simulated device.
+    `pipelib.pipeline.simulate.Costs`) gives each op its modelled duration on a simulated device.
     """
     s = check_blocking(schedule)
     rank = dist.get_rank(group)
@@ -115,12 +115,12 @@ def execute_blocking(schedule: Schedule, stage: Stage, batch, targets, loss_fn: 
 def train_step_blocking(schedule: Schedule, model_config, batch_seed: int = 0, *,
                         batch_size: int | None = None, model_seed: int = 0, costs=None,
                         group=None):
-    """Run on every engine: `pipelib.pipeline.train_step`, but through `execute_blocking`.
+    """Run on every engine: `pipelib.pipeline.step.train_step`, but through `execute_blocking`.
 
     Returns (loss or None, {monolith parameter name: gradient}) for this rank's stage.
     """
-    from .model import MLP
-    from .pipeline import make_batch
+    from pipelib.model import MLP
+    from pipelib.pipeline.step import make_batch
 
     s = check_blocking(schedule)
     batch_size = batch_size or 2 * s.num_microbatches

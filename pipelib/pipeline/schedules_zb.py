@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipelib.schedules import Action, Op, Schedule, _check_sizes, _looped_rank_ops, _rounds
+from pipelib.pipeline.schedules import Action, Op, Schedule, _check_sizes, _looped_rank_ops, _rounds
 
 
 def _v_placement(p: int) -> tuple[int, ...]:

@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .pipeline import _ALIASES, Runner, check_step, make_batch, resolve_schedule, timed_steps
-from .pipeline_stage import stage_grads, stage_modules
-from .schedules import Schedule, from_csv
+from pipelib.pipeline.step import _ALIASES, Runner, check_step, make_batch, resolve_schedule, timed_steps
+from pipelib.pipeline.stage import stage_grads, stage_modules
+from pipelib.pipeline.schedules import Schedule, from_csv
 
 __all__ = ["TORCH_SCHEDULES", "check_torch_step", "prepare_torch_step", "torch_train_step",
            "run_torch_train_step", "compare_step_times", "run_compare_step_times",
@@ -132,7 +132,7 @@ def prepare_torch_step(name: str, s: Schedule, model_config, rank: int, batch_se
                        batch_size: int, model_seed: int = 0, balance="layers", group=None,
                        dtype=torch.float32) -> Runner:
     """`pipeline.prepare_step`'s twin: the same stages of the same MLP, run by torch's schedule."""
-    from .device import current
+    from pipelib.runtime.device import current
 
     device = current().torch_device
     bounds, modules = stage_modules(model_config, s.num_stages, model_seed=model_seed,
@@ -173,7 +173,7 @@ def torch_train_step(schedule: str, p: int, m: int, model_config=None, batch_see
     """
     import torch.distributed.pipelining  # noqa: F401 (seconds on a loaded machine: before any message)
 
-    from .model import MLPConfig
+    from pipelib.model import MLPConfig
 
     name = _torch_name(schedule)
     s = resolve_schedule(name, p, m, num_chunks)
@@ -204,8 +204,8 @@ def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_s
     """
     import torch.distributed.pipelining  # noqa: F401
 
-    from .model import MLPConfig
-    from .pipeline import prepare_step
+    from pipelib.model import MLPConfig
+    from pipelib.pipeline.step import prepare_step
 
     model_config = model_config or MLPConfig()
     name = _torch_name(schedule)
@@ -232,7 +232,7 @@ def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_s
 def run_torch_train_step(cluster, schedule: str, p: int, m: int, model_config=None,
                          batch_seed: int = 0, **kw) -> list:
     """Check in the notebook (`check_torch_step`), then `torch_train_step` on every rank."""
-    from .model import MLPConfig
+    from pipelib.model import MLPConfig
 
     check_torch_step(schedule, p, m, model_config or MLPConfig(), kw.get("batch_size"),
                      num_chunks=kw.get("num_chunks", 2), world_size=cluster.world_size)
@@ -245,7 +245,7 @@ def run_compare_step_times(cluster, schedule: str, p: int, m: int, model_config=
     step times (slowest rank per step, warm-up dropped) and their median."""
     import statistics
 
-    from .model import MLPConfig
+    from pipelib.model import MLPConfig
 
     check_torch_step(schedule, p, m, model_config or MLPConfig(), kw.get("batch_size"),
                      num_chunks=kw.get("num_chunks", 2), world_size=cluster.world_size)

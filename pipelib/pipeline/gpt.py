@@ -18,7 +18,7 @@ its "embedding group" {first rank, last rank}; `embedding_group` builds that gro
 (each of the two ranks sends V*C*itemsize bytes and receives as many). When one rank holds both
 stages (V schedules) the two uses accumulate into one parameter and nothing is sent.
 
-Introduced in chapter 12 (pipelining a real model); the executor is `pipelib.pipeline.execute`.
+Introduced in chapter 12 (pipelining a real model); the executor is `pipelib.pipeline.step.execute`.
 """
 from __future__ import annotations
 
@@ -26,13 +26,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from . import collectives, comms
-from .device import current
-from .model import GPT, GPTConfig, cross_entropy
-from .pipeline import check_step, resolve_schedule
-from .pipeline_exec import execute
-from .pipeline_stage import Stage, layer_cost, partition
-from .schedules import Schedule, as_schedule
+from pipelib.comm import collectives
+from pipelib.comm import p2p as comms
+from pipelib.runtime.device import current
+from pipelib.model import GPT, GPTConfig, cross_entropy
+from pipelib.pipeline.step import check_step, resolve_schedule
+from pipelib.pipeline.executor import execute
+from pipelib.pipeline.stage import Stage, layer_cost, partition
+from pipelib.pipeline.schedules import Schedule, as_schedule
 
 __all__ = ["PIPELINE_GPT", "gpt_stages", "tied_ranks", "embedding_group", "sum_tied_grads",
            "make_tokens", "check_gpt_step", "gpt_train_step", "run_gpt_train_step",
@@ -48,7 +49,7 @@ def gpt_stages(model: GPT, num_stages: int, balance="layers") -> list[nn.Sequent
 
     Stage 0: [embed, its blocks]; last stage: [its blocks, head]; between: blocks only. With a
     single stage: [embed, every block, head]. `balance` splits the blocks as
-    `pipelib.pipeline_stage.partition` does ("layers", "cost" or a list of block counts).
+    `pipelib.pipeline.stage.partition` does ("layers", "cost" or a list of block counts).
     """
     blocks = list(model.blocks)
     bounds = partition(len(blocks), num_stages, balance, [layer_cost(b) for b in blocks])
@@ -84,7 +85,7 @@ def embedding_group(schedule, pipeline_ranks=None):
 def sum_tied_grads(weight: nn.Parameter, schedule, group=None, emb_group=None) -> None:
     """Sum `weight.grad` over the rank of stage 0 and the rank of the last stage, in place.
 
-    With `emb_group` (from `embedding_group`), a ring all-reduce on it (`pipelib.collectives`;
+    With `emb_group` (from `embedding_group`), a ring all-reduce on it (`pipelib.comm.collectives`;
     on 2 ranks each sends N = V*C*itemsize bytes); without, each of the two ranks sends its
     (V, C) gradient to the other on `group` and adds what it receives (g_first + g_last on
     both: the same float sum, bit for bit). Other ranks, and a rank holding both, do nothing.

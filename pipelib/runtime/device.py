@@ -1,6 +1,6 @@
 """Simulated and real devices: clocks, modelled durations, memory tracking, what a rank is doing.
 
-Every engine of a `Cluster` holds one `Device` (`pipelib.device.current()`), set up when the
+Every engine of a `Cluster` holds one `Device` (`pipelib.runtime.device.current()`), set up when the
 cluster starts. Three kinds:
 
 - ``sim`` (default): math is real and runs on the CPU, *time* is modelled from a
@@ -27,8 +27,8 @@ import struct
 import time
 from dataclasses import dataclass
 
-from .costmodel import DeviceProfile, get_profile
-from .trace import Kind, Tracer
+from pipelib.costmodel import DeviceProfile, get_profile
+from pipelib.trace import Kind, Tracer
 
 DEVICE_KINDS = ("sim", "cpu", "cuda")
 CLOCKS = ("virtual", "wall")
@@ -326,7 +326,7 @@ class Device:
         self.spec = spec
         self.memory = self.fresh_memory()
         self.activity = Activity(activity_path)
-        self.comm_counts: dict[str, int] = {}  # filled by pipelib.comms: bytes and messages
+        self.comm_counts: dict[str, int] = {}  # filled by pipelib.comm.p2p: bytes and messages
         self.torch_device = self._torch_device()
 
     def fresh_memory(self) -> MemoryTracker:

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .device import current
+from pipelib.runtime.device import current
 
 BALANCES = ("layers", "cost")
 
@@ -122,9 +122,9 @@ def stage_modules(model_config, num_stages: int, *, model_seed: int = 0, balance
     """The seeded MLP cut into `num_stages` stages: (layer ranges, one nn.Sequential each).
 
     Every rank builds the same model (same seed) and cuts it the same way, so stage k is the
-    same on every rank and in `pipelib.pipeline_torch` (which hands these modules to torch).
+    same on every rank and in `pipelib.pipeline.torch_twin` (which hands these modules to torch).
     """
-    from .model import MLP  # the model knows nothing of stages: imported here, not there
+    from pipelib.model import MLP  # the model knows nothing of stages: imported here, not there
 
     model = MLP(model_config, seed=model_seed)
     if dtype is not None:

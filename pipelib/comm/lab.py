@@ -4,7 +4,7 @@ Rank a sends n bytes to rank b, which sends them straight back; half the round t
 one-way time of an n-byte message. Over sizes from 1 byte to tens of MiB the points lie on
 t(n) = alpha + n / beta (Hockney 1994): alpha, the latency, dominates small messages; beta, the
 bandwidth, large ones. A least-squares fit gives both, and from them the time of every
-collective (`pipelib.collectives.predicted_time`, e.g. ring all-reduce
+collective (`pipelib.comm.collectives.predicted_time`, e.g. ring all-reduce
 2(n-1) alpha + 2(n-1)/n N / beta).
 
 On a simulated device the fit returns the profile's link exactly (a test checks it); on the
@@ -41,8 +41,8 @@ def pingpong(sizes=DEFAULT_SIZES, repeats: int = 5, ranks=(0, 1), group=None, wa
     import torch
     import torch.distributed as dist
 
-    from . import comms
-    from .device import current
+    from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import current
 
     me = dist.get_rank(group)
     a, b = ranks
@@ -101,7 +101,7 @@ def predict(nbytes, alpha: float, beta: float) -> list[float]:
 
 def predict_collectives(nbytes: int, n: int, alpha: float, beta: float) -> dict[str, float]:
     """Alpha-beta time of every from-scratch collective for an N-byte tensor on n ranks."""
-    from .collectives import predicted_time
+    from pipelib.comm.collectives import predicted_time
 
     names = ("broadcast", "reduce", "all_reduce_naive", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
     return {k: predicted_time(k, nbytes, n, alpha, beta) for k in names}
@@ -150,8 +150,8 @@ def ring_shift(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int = 
     import torch
     import torch.distributed as dist
 
-    from . import comms
-    from .device import current
+    from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import current
 
     if dist.get_rank(group) < 0:
         return None
@@ -195,7 +195,7 @@ def _builtin(name: str, x, group):
 
 def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: int = 5, group=None,
                        warmup: int = 1, *, builtin: bool = False, **kw) -> list[dict] | None:
-    """Run on every rank: time collective `name` of `pipelib.collectives` (or gloo's own with
+    """Run on every rank: time collective `name` of `pipelib.comm.collectives` (or gloo's own with
     ``builtin=True``) on a float32 tensor of each size in bytes (all_gather: one rank's input),
     from a common start (`_start`) to the end of the slowest rank. Returns, on every rank, one
     row per size: bytes, time (median over `repeats`), times, bandwidth. `kw` goes to the
@@ -204,8 +204,8 @@ def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: i
     import torch
     import torch.distributed as dist
 
-    from . import collectives as C
-    from .device import current
+    from pipelib.comm import collectives as C
+    from pipelib.runtime.device import current
 
     if name not in COLLECTIVES:
         raise ValueError(f"unknown collective {name!r}; use one of {COLLECTIVES}")
@@ -242,7 +242,7 @@ def reduce_rate(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int =
     import torch
     import torch.distributed as dist
 
-    from .device import current
+    from pipelib.runtime.device import current
 
     if dist.get_rank(group) < 0:
         return None
@@ -261,9 +261,9 @@ def reduce_rate(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int =
 
 def compare(name: str, rows: list[dict], n: int, alpha: float, beta: float, gamma: float = 0.0) -> list[dict]:
     """Measured (rows of `measure_collective`) beside the alpha-beta(-gamma) prediction of
-    `pipelib.collectives.predicted_time`: bytes, measured, predicted, error = measured /
+    `pipelib.comm.collectives.predicted_time`: bytes, measured, predicted, error = measured /
     predicted - 1 (positive: slower than the model)."""
-    from .collectives import predicted_time
+    from pipelib.comm.collectives import predicted_time
 
     out = []
     for r in rows:
@@ -284,7 +284,7 @@ def overlap_demo(mode: str, delay: float = 0.05, work: float = 0.05, numel: int 
     import torch
     import torch.distributed as dist
 
-    from . import comms
+    from pipelib.comm import p2p as comms
 
     r = dist.get_rank()
     x = torch.ones(numel)
@@ -315,7 +315,7 @@ def exchange(mode: str, numel: int = 4) -> float | None:
     import torch
     import torch.distributed as dist
 
-    from . import comms
+    from pipelib.comm import p2p as comms
 
     r = dist.get_rank()
     if r > 1:
