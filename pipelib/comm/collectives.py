@@ -58,7 +58,6 @@ NAMES = ("broadcast", "reduce", "all_reduce_naive", "all_reduce", "reduce_scatte
 _NO_FIELDS = {"stage": None, "microbatch": None}
 SEGMENT_BYTES = 8 << 20  # real devices: ring messages of at most 8 MiB (see _num_segments)
 DEPTH = 2                # ring messages in flight per direction while the previous one is reduced
-_SCRATCH: dict = {}      # dtype -> receive buffer kept between calls (a fresh big one costs page faults)
 
 
 class CollectiveMismatchError(ValueError):
@@ -269,9 +268,10 @@ def _num_segments(c, chunk_bytes: int) -> int:
 
 def _scratch(dtype, rows: int, cols: int):
     """A (rows, cols) receive buffer, reused from call to call."""
-    buf = _SCRATCH.get(dtype)
+    scratch = current().scratch  # kept on the device: a fresh big buffer costs page faults
+    buf = scratch.get(dtype)
     if buf is None or buf.numel() < rows * cols:
-        buf = _SCRATCH[dtype] = torch.empty(rows * cols, dtype=dtype)
+        buf = scratch[dtype] = torch.empty(rows * cols, dtype=dtype)
     return buf[: rows * cols].view(rows, cols)
 
 

@@ -131,7 +131,7 @@ class Handle:
         self.t_post, self.label, self.fields = t_post, label, fields
         self.done, self.error, self.header_read = False, None, header_work is None
         self.nbytes = tensor.numel() * tensor.element_size()
-        _outstanding(dev)[id(self)] = self
+        dev.outstanding[id(self)] = self
 
     @property
     def _unposted(self) -> bool:  # a checked receive whose payload is not posted yet
@@ -162,7 +162,7 @@ class Handle:
     def _block(self) -> None:
         """Post what is still unposted, then wait for every work of this message."""
         if self._unposted:
-            for h in list(_outstanding(self.dev).values()):  # earlier receives on this channel first
+            for h in list(self.dev.outstanding.values()):  # earlier receives on this channel first
                 if h._unposted and (h.peer, h.group, h.tag) == (self.peer, self.group, self.tag):
                     h._post_payload()
                 if h is self:
@@ -185,7 +185,7 @@ class Handle:
             with dev.activity.doing(_waiting(self.label, self.op, self.peer, self.nbytes)):
                 self._block()
         self.done = True
-        dev._outstanding.pop(id(self), None)
+        dev.outstanding.pop(id(self), None)
         if self.error is not None:
             raise self.error
         if self.buf is not self.tensor and self.op == "recv":
@@ -215,12 +215,6 @@ def _waiting(label: str, op: str, peer: int, nbytes: int) -> str:
     """The beacon while a message is waited: "act for 2F3: recv from rank 1 (64.0 KiB), waiting"
     (kept: a pipeline step waits for the same messages at every step)."""
     return f"{label}: {'send to' if op == 'send' else 'recv from'} rank {peer} ({_fmt_bytes(nbytes)}), waiting"
-
-
-def _outstanding(dev: Device) -> dict:
-    if not hasattr(dev, "_outstanding") or not isinstance(dev._outstanding, dict):
-        dev._outstanding = {}
-    return dev._outstanding
 
 
 # ------------------------------------------------------------------ the calls
@@ -288,7 +282,7 @@ def wait_all(handles=None) -> None:
 
     Receives are waited first: on a simulated device the order does not change the clock, and
     on a real one it lets the bytes of a ring step flow before the sender is checked."""
-    hs = list(_outstanding(current()).values()) if handles is None else list(handles)
+    hs = list(current().outstanding.values()) if handles is None else list(handles)
     errors = []  # every handle is waited (gloo crashes on a dropped one), then the first error
     for h in sorted(hs, key=lambda h: h.op != "recv"):
         try:
