@@ -40,14 +40,14 @@ def _init(rank, n, port):
 def reference_cluster(n):
     import ipyparallel as ipp
 
-    from pipelib.runtime.cluster import _free_port
+    from pipelib.runtime.engine import free_port
 
     t0 = time.perf_counter()
     c = ipp.Cluster(n=n, profile_dir=tempfile.mkdtemp(prefix="bench-ipp-"), log_level=40)
     c.start_cluster_sync()
     rc = c.connect_client_sync()
     rc.wait_for_engines(n, timeout=120, interactive=False)
-    port = _free_port()
+    port = free_port()
     ars = [rc[e].apply_async(_init, r, n, port) for r, e in enumerate(sorted(rc.ids))]
     [a.get() for a in ars]
     dt = time.perf_counter() - t0

@@ -92,21 +92,22 @@ def _slowest(per_rank, key, nb, repeats, variant=None):
 def _fits(cluster, per_rank, fit_sizes, repeats):
     """alpha, beta from the ring shifts of the race and from a ping-pong (ranks 0, 1, chapter
     05's method, run after it), gamma (seconds per byte) from the torch.adds; relative fits."""
-    from pipelib.comm import lab as pingpong
+    from pipelib.comm import lab
+    from pipelib.comm.alphabeta import fit_alpha_beta
 
     rows = {"ring_shift": [(nb, statistics.median(_slowest(per_rank, "shift", nb, repeats))) for nb in fit_sizes],
             "reduce": [(max(nb // 4, 1) * 4, statistics.median(_slowest(per_rank, "add", nb, repeats)))
                        for nb in fit_sizes],
-            "pingpong": [(r["bytes"], r["time"]) for r in cluster.run(pingpong.pingpong, fit_sizes, repeats, timeout=3000)[0]]}
+            "pingpong": [(r["bytes"], r["time"]) for r in cluster.run(lab.pingpong, fit_sizes, repeats, timeout=3000)[0]]}
     fits = {}
     for name, pts in rows.items():
-        alpha, beta = pingpong.fit_alpha_beta([p[0] for p in pts], [p[1] for p in pts], relative=True)
+        alpha, beta = fit_alpha_beta([p[0] for p in pts], [p[1] for p in pts], relative=True)
         fits[name] = {"alpha_s": alpha, "beta_Bps": beta, "rows": [{"bytes": b, "time": t} for b, t in pts]}
     return fits
 
 
 def _table(n, sizes, repeats, per_rank, fits):
-    from pipelib.comm.collectives import predicted_time
+    from pipelib.comm.alphabeta import predicted_time
 
     gamma = 1 / fits["reduce"]["beta_Bps"]
     models = {"pingpong": ("pingpong", 0.0), "ring_shift": ("ring_shift", 0.0), "ring_shift_gamma": ("ring_shift", gamma)}

@@ -3,10 +3,9 @@ reader (sliders, dropdown, button), and measured on the cluster equal to predict
 import pytest
 
 from pipelib.pipeline.explorer import (
-    CHUNKED, SPLIT, Setting, explorer, explorer_figures, explorer_sweep, max_difference, predict,
-    summary_html,
+    Setting, explorer, explorer_figures, explorer_sweep, max_difference, predict, summary_html,
 )
-from pipelib.pipeline.schedules import GENERATORS
+from pipelib.pipeline.schedules import GENERATORS, REGISTRY
 from pipelib.pipeline.simulate import bubble_closed_form
 from pipelib.trace import Event, Kind, Trace
 
@@ -101,10 +100,10 @@ def test_widget_redraws_on_every_control():
 
 def test_controls_that_do_not_apply_are_disabled():
     e = explorer()
-    for name in GENERATORS:
+    for name, info in REGISTRY.items():
         e.controls["schedule"].value = name
-        assert e.controls["num_chunks"].disabled == (name not in CHUNKED), name
-        assert e.controls["w_share"].disabled == (name not in SPLIT), name
+        assert e.controls["num_chunks"].disabled == (not info.chunked), name
+        assert e.controls["w_share"].disabled == (not info.split_backward), name
     e.controls["schedule"].value = "interleaved_1f1b"
     e.controls["num_chunks"].value = 3
     assert "v=3" in e.summary.value
@@ -120,6 +119,12 @@ def test_an_invalid_setting_shows_the_error_instead_of_raising():
     assert "<b>dualpipe_v</b>" in e.summary.value and len(e.output.outputs) == 2
     with pytest.raises(ValueError, match="unknown schedule '2f2b'; choose one of"):
         explorer(schedule="2f2b")
+
+
+def test_an_alias_selects_its_schedule():
+    e = explorer(schedule="zero_bubble_h1")
+    assert e.controls["schedule"].value == "zb_h1" and "<b>zb_h1</b>" in e.summary.value
+    assert not e.controls["w_share"].disabled
 
 
 class FakeCluster:

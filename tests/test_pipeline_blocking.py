@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from pipelib.model import MLP, MLPConfig
-from pipelib.pipeline.step import monolith_step, run_train_step, split_into_stages
+from pipelib.pipeline.stage import split_into_stages
+from pipelib.pipeline.step import monolith_step, run_train_step
 from pipelib.pipeline.blocking import check_blocking, stage_input_shapes, train_step_blocking
 from pipelib.pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble_h1
 from pipelib.pipeline.simulate import Costs
+from pipelib.results import check_against_reference
 
 CFG = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=4)
 ROWS = 2  # rows per microbatch
@@ -16,21 +18,8 @@ STUCK = 2    # seconds before the deadlocked run is declared stuck (before gloo'
 COSTS = Costs(F=1e-3, B=2e-3)  # modelled durations: no FLOP counting (its first use takes seconds)
 
 
-def _merge(results):
-    grads = {}
-    for _, g in results:
-        grads.update(g)
-    return [r[0] for r in results if r[0] is not None], grads
-
-
 def _equal_to_monolith(results, m):
-    losses, grads = _merge(results)
-    ref_loss, ref_grads = monolith_step(CFG, ROWS * m, batch_seed=m)
-    assert len(losses) == 1
-    torch.testing.assert_close(losses[0], ref_loss)
-    assert set(grads) == set(ref_grads)
-    for k in ref_grads:
-        torch.testing.assert_close(grads[k], ref_grads[k], msg=lambda e: f"{k}: {e}")
+    check_against_reference(results, *monolith_step(CFG, ROWS * m, batch_seed=m))
 
 
 # ----------------------------------------------------------------------------- no cluster
@@ -80,7 +69,7 @@ def test_gpipe_with_blocking_sends_equals_the_monolith(cluster2):
 
 @pytest.mark.cluster
 def test_1f1b_with_blocking_sends_deadlocks_into_an_error_naming_every_rank(cluster2):
-    from pipelib.runtime.cluster import RankTimeoutError
+    from pipelib.runtime.errors import RankTimeoutError
 
     try:
         with pytest.raises(RankTimeoutError) as err:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipelib.model import MLPConfig
+from pipelib.results import check_against_reference
 from pipelib.pipeline.step import monolith_step, resolve_schedule, train_step
 from pipelib.pipeline.torch_twin import (
     TORCH_SCHEDULES, check_torch_step, run_compare_step_times, run_torch_train_step,
@@ -68,15 +69,6 @@ def results(warm):
     return {case: [per_rank[r][i] for r in range(case[1])] for i, case in enumerate(CASES)}
 
 
-def _merge(results):
-    losses = [r[0] for r in results if r[0] is not None]
-    grads = {}
-    for r in results:
-        assert not set(r[1]) & set(grads), "two ranks returned the same parameter"
-        grads.update(r[1])
-    return losses, grads
-
-
 def test_every_torch_schedule_is_covered():
     assert {name for name, _, _ in CASES} == set(TORCH_SCHEDULES)
 
@@ -87,14 +79,10 @@ def test_pipelib_equals_torch_equals_the_monolith(results, case):
     ref_loss, ref_grads = monolith_step(CFG, ROWS * m, batch_seed=m)
     ours, theirs = zip(*results[case])
     for who, res in (("pipelib", ours), ("torch", theirs)):
-        losses, grads = _merge(res)
-        assert len(losses) == 1, f"{who} {case}: one rank returns the loss"
-        torch.testing.assert_close(losses[0], ref_loss, msg=lambda e: f"{who} {case} loss: {e}")
-        assert set(grads) == set(ref_grads), f"{who} {case}"
-        for k in ref_grads:
-            torch.testing.assert_close(grads[k], ref_grads[k], msg=lambda e: f"{who} {case} {k}: {e}")
+        agreed = check_against_reference(res, ref_loss, ref_grads)
+        assert agreed.num_tensors == len(ref_grads), f"{who} {case}: {agreed}"
     # and the two runs hold the same parameters on the same ranks (same placement)
-    assert [sorted(o[1]) for o in ours] == [sorted(t[1]) for t in theirs]
+    assert [sorted(o.grads) for o in ours] == [sorted(t.grads) for t in theirs]
 
 
 def _timed(name, p, m, steps):
@@ -106,12 +94,12 @@ def test_timing_mode_repeats_the_step(warm):
     per_rank = warm.run(_timed, "zbv", 4, 8, 3)
     ref_loss, ref_grads = monolith_step(CFG, ROWS * 8)
     for ours, theirs in per_rank:
-        for loss, grads, times in (ours, theirs):
-            assert len(times) == 3 and all(t > 0 for t in times)
-            for k, g in grads.items():  # gradients zeroed between steps: still one step's
+        for r in (ours, theirs):
+            assert len(r.times) == 3 and all(t > 0 for t in r.times)
+            for k, g in r.grads.items():  # gradients zeroed between steps: still one step's
                 torch.testing.assert_close(g, ref_grads[k])
-            if loss is not None:
-                torch.testing.assert_close(loss, ref_loss)
+            if r.loss is not None:
+                torch.testing.assert_close(r.loss, ref_loss)
 
 
 def test_compare_step_times_on_a_subgroup(warm):

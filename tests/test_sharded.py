@@ -13,6 +13,7 @@ from pipelib.model import MLP, MLPConfig
 from pipelib.pipeline.step import run_train_step
 from pipelib.pipeline.schedules import gpipe, naive
 from pipelib.pipeline.simulate import Costs, simulate
+from pipelib.results import check_against_reference
 from pipelib.trace import Kind
 from pipelib.train import train_mlp
 
@@ -25,15 +26,6 @@ def _monolith(steps=STEPS, batch_size=BATCH):
     model = MLP(CFG, seed=0)
     losses = train_mlp(model, X, Y, steps=steps, lr=LR, batch_size=batch_size, seed=0)
     return losses, {n: p.grad for n, p in model.named_parameters()}, dict(model.named_parameters())
-
-
-def _merge(results, key):
-    out = {}
-    for r in results:
-        if r is not None:
-            assert not set(r[key]) & set(out), "two ranks returned the same parameter"
-            out.update(r[key])
-    return out
 
 
 # ----------------------------------------------------------------------------- pure
@@ -92,15 +84,13 @@ def test_the_orchestrator_trains_like_the_monolith(cluster4, p, schedule, m, han
                             num_microbatches=m, lr=LR, batch_size=BATCH, hand_written=hand,
                             timeout=120)
     assert res[p:] == [None] * (4 - p)
-    assert [r["losses"] is None for r in res[:p]] == [True] * (p - 1) + [False]
-    assert_close(torch.tensor(res[p - 1]["losses"]), torch.tensor(ref_losses))
-    grads, params = _merge(res, "grads"), _merge(res, "params")
-    assert set(grads) == set(ref_grads) == set(params)
-    for name in ref_grads:
-        assert_close(grads[name], ref_grads[name], msg=lambda e: f"grad {name}: {e}")
-        assert_close(params[name], ref_params[name].detach(), msg=lambda e: f"param {name}: {e}")
+    assert [r.losses == () for r in res[:p]] == [True] * (p - 1) + [False]
+    assert_close(torch.tensor(res[p - 1].losses), torch.tensor(ref_losses))
+    agreed = check_against_reference(res, ref_losses[-1], ref_grads,
+                                     ref_params={n: t.detach() for n, t in ref_params.items()})
+    assert agreed.num_tensors == 2 * len(ref_grads)
     if m == 1:  # one microbatch: the very same float operations as the monolith
-        assert res[p - 1]["losses"] == ref_losses
+        assert list(res[p - 1].losses) == ref_losses
 
 
 def _compute(trace, rank):
@@ -147,7 +137,7 @@ def test_hand_written_gpipe_runs_the_gpipe_order(cluster4):
 @pytest.mark.parametrize("balance", ["layers", "cost"])
 def test_stage_activation_bytes_are_what_the_cluster_measures(cluster4, balance):
     rows = 6
-    res = run_train_step(cluster4, "naive", 4, 1, CFG, batch_size=rows, balance=balance, stats=True,
+    res = run_train_step(cluster4, "naive", 4, 1, CFG, batch_size=rows, balance=balance,
                          timeout=120)
-    measured = [r[2]["peak_activation_bytes"] for r in res]
+    measured = [r.stats["peak_activation_bytes"] for r in res]
     assert measured == sharded.stage_activation_bytes(CFG, 4, rows, balance)

@@ -1,11 +1,11 @@
-"""The ping-pong lab: measure a link, fit the alpha-beta model, predict the collectives.
+"""The ping-pong lab: measure a link and the collectives, to fit and check the alpha-beta model.
 
 Rank a sends n bytes to rank b, which sends them straight back; half the round trip is the
 one-way time of an n-byte message. Over sizes from 1 byte to tens of MiB the points lie on
 t(n) = alpha + n / beta (Hockney 1994): alpha, the latency, dominates small messages; beta, the
-bandwidth, large ones. A least-squares fit gives both, and from them the time of every
-collective (`pipelib.comm.collectives.predicted_time`, e.g. ring all-reduce
-2(n-1) alpha + 2(n-1)/n N / beta).
+bandwidth, large ones. A least-squares fit gives both (`pipelib.comm.alphabeta.fit_alpha_beta`),
+and from them the time of every collective (`pipelib.comm.alphabeta.predicted_time`, e.g. ring
+all-reduce 2(n-1) alpha + 2(n-1)/n N / beta). This module measures; `alphabeta` computes.
 
 On a simulated device the fit returns the profile's link exactly (a test checks it); on the
 cpu device it measures loopback TCP through gloo.
@@ -16,28 +16,37 @@ link gets then. `ring_shift` measures the link as a ring uses it (every rank sen
 neighbour and receives from its left at once, on the same world); `measure_collective` times a
 collective the same way on every rank, so chapter 06 can set measured beside predicted:
 
-    rows = cluster.run(ring_shift, sizes)[0]
-    alpha, beta = fit_alpha_beta([r["bytes"] for r in rows], [r["time"] for r in rows], relative=True)
-    meas = cluster.run(measure_collective, "all_reduce", sizes)[0]
-    table = compare("all_reduce", meas, world_size, alpha, beta)
+    rows = cluster.run(lab.ring_shift, sizes)[0]
+    alpha, beta = alphabeta.fit_alpha_beta([r["bytes"] for r in rows], [r["time"] for r in rows], relative=True)
+    meas = cluster.run(lab.measure_collective, "all_reduce", sizes)[0]
+    table = alphabeta.compare("all_reduce", meas, world_size, alpha, beta)
 
 On real cores the reduction itself takes time too: `reduce_rate` measures it, and
-``compare(..., gamma=1 / rate)`` adds the (n-1)/n N bytes each rank reduces (Thakur et al. 2005).
+``alphabeta.compare(..., gamma=1 / rate)`` adds the (n-1)/n N bytes each rank reduces (Thakur
+et al. 2005).
 
-Introduced in chapter 05; `ring_shift`, `measure_collective`, `reduce_rate` and `compare` in
-chapter 06.
+Introduced in chapter 05; `ring_shift`, `measure_collective` and `reduce_rate` in chapter 06.
 """
 from __future__ import annotations
 
 import statistics
 
+from pipelib.checks import check_int
+from pipelib.comm.alphabeta import check_name
+
 DEFAULT_SIZES = [2**k for k in range(0, 25, 2)]  # 1 B .. 16 MiB (CI-sized; the book goes to 64 MiB)
+
+
+def _check_repeats(repeats, warmup, what: str) -> None:
+    check_int(repeats, "repeats", context=what, hint="timed runs per size; their median is kept")
+    check_int(warmup, "warmup", minimum=0, context=what, hint="untimed runs before them")
 
 
 def pingpong(sizes=DEFAULT_SIZES, repeats: int = 5, ranks=(0, 1), group=None, warmup: int = 1) -> list[dict] | None:
     """Run on every rank of the cluster (`cluster.run(pingpong, sizes)`); ranks outside `ranks`
     return None at once. Returns, on ranks[0] and ranks[1], one row per size: bytes, one-way time
     (median over `repeats` round trips, halved), bandwidth in bytes/s."""
+    _check_repeats(repeats, warmup, "pingpong")
     import torch
     import torch.distributed as dist
 
@@ -70,47 +79,7 @@ def pingpong(sizes=DEFAULT_SIZES, repeats: int = 5, ranks=(0, 1), group=None, wa
     return rows
 
 
-def fit_alpha_beta(nbytes, times, *, relative: bool = False) -> tuple[float, float]:
-    """Least squares of t = alpha + n / beta; returns (alpha seconds, beta bytes/s).
-
-    Ordinary least squares weighs the big messages most, which is what beta needs; alpha comes
-    out of the intercept (chapter 05 shows the residuals), and on a noisy machine it can come
-    out tiny or even negative. ``relative=True`` minimises the *relative* residuals instead
-    (weights 1/t^2): every size counts alike, so alpha is set by the small messages and beta by
-    the large ones; that is the fit to predict times across sizes within a percentage (ch. 06)."""
-    xs, ys = [float(x) for x in nbytes], [float(y) for y in times]
-    if len(xs) < 2 or len(set(xs)) < 2:
-        raise ValueError(f"need at least two different message sizes to fit alpha and beta, got {xs}")
-    if relative and min(ys) <= 0:
-        raise ValueError(f"a relative fit needs positive times, got {ys}")
-    ws = [1.0 / y**2 for y in ys] if relative else [1.0] * len(ys)
-    sw = sum(ws)
-    mx = sum(w * x for w, x in zip(ws, xs)) / sw
-    my = sum(w * y for w, y in zip(ws, ys)) / sw
-    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
-    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx
-    if slope <= 0:
-        raise ValueError(f"time does not grow with size (slope {slope:.3g} s/B): measure larger messages")
-    return my - slope * mx, 1.0 / slope
-
-
-def predict(nbytes, alpha: float, beta: float) -> list[float]:
-    """The fitted line at each size."""
-    return [alpha + n / beta for n in nbytes]
-
-
-def predict_collectives(nbytes: int, n: int, alpha: float, beta: float) -> dict[str, float]:
-    """Alpha-beta time of every from-scratch collective for an N-byte tensor on n ranks."""
-    from pipelib.comm.collectives import predicted_time
-
-    names = ("broadcast", "reduce", "all_reduce_naive", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-    return {k: predicted_time(k, nbytes, n, alpha, beta) for k in names}
-
-
 # ------------------------------------------------------------------ chapter 06: rings and collectives
-COLLECTIVES = ("broadcast", "reduce", "all_reduce_naive", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-
-
 def _start(dev, group) -> float:
     """A common start on every rank: a barrier on a real device; on a virtual clock, every
     clock moves to the latest one (a barrier in modelled time; gloo's own barrier takes none)."""
@@ -147,6 +116,7 @@ def ring_shift(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int = 
     left, all at once (one ring step; on 2 ranks, an exchange). Returns, on every rank, one row
     per size: bytes, time (median over `repeats` of the slowest rank), the per-link bandwidth
     while every link is busy. Fit alpha and beta to it to predict a ring on this world size."""
+    _check_repeats(repeats, warmup, "ring_shift")
     import torch
     import torch.distributed as dist
 
@@ -201,14 +171,14 @@ def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: i
     row per size: bytes, time (median over `repeats`), times, bandwidth. `kw` goes to the
     collective (check=False, segment_bytes=...). Sizes are rounded down to whole floats, and
     for builtin reduce_scatter and all_to_all to a multiple of the world size (gloo needs it)."""
+    _check_repeats(repeats, warmup, "measure_collective")
     import torch
     import torch.distributed as dist
 
     from pipelib.comm import collectives as C
     from pipelib.runtime.device import current
 
-    if name not in COLLECTIVES:
-        raise ValueError(f"unknown collective {name!r}; use one of {COLLECTIVES}")
+    check_name(name)
     if dist.get_rank(group) < 0:
         return None
     dev, n = current(), dist.get_world_size(group)
@@ -236,7 +206,8 @@ def reduce_rate(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int =
     """Run on every rank: time the local reduction of the rings (``torch.add(a, b, out=a)`` on
     float32 tensors of each size in bytes), all ranks at once as in a collective (they share
     the cores). Returns, on every rank, rows of bytes, time (median of the slowest rank),
-    bandwidth; ``1 / fit_alpha_beta(...)[1]`` is gamma, seconds per byte reduced."""
+    bandwidth; ``1 / alphabeta.fit_alpha_beta(...)[1]`` is gamma, seconds per byte reduced."""
+    _check_repeats(repeats, warmup, "reduce_rate")
     import time
 
     import torch
@@ -257,20 +228,6 @@ def reduce_rate(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int =
                 ts.append(time.perf_counter() - t0)
         times.append(ts)
     return _rows([4 * s for s in sizes], _slowest(times, group))
-
-
-def compare(name: str, rows: list[dict], n: int, alpha: float, beta: float, gamma: float = 0.0) -> list[dict]:
-    """Measured (rows of `measure_collective`) beside the alpha-beta(-gamma) prediction of
-    `pipelib.comm.collectives.predicted_time`: bytes, measured, predicted, error = measured /
-    predicted - 1 (positive: slower than the model)."""
-    from pipelib.comm.collectives import predicted_time
-
-    out = []
-    for r in rows:
-        p = predicted_time(name, r["bytes"], n, alpha, beta, gamma)
-        out.append({"bytes": r["bytes"], "measured": r["time"], "predicted": p,
-                    "error": r["time"] / p - 1 if p > 0 else float("nan")})
-    return out
 
 
 # ------------------------------------------------------------------ chapter 05's small experiments

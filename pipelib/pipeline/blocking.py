@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipelib.comm import p2p as comms
+from pipelib.results import StepResult
 from pipelib.runtime.device import current
 from pipelib.pipeline.stage import Stage, partition, split_into_stages
 from pipelib.pipeline.schedules import Op, Schedule, validate
@@ -114,10 +115,11 @@ def execute_blocking(schedule: Schedule, stage: Stage, batch, targets, loss_fn: 
 
 def train_step_blocking(schedule: Schedule, model_config, batch_seed: int = 0, *,
                         batch_size: int | None = None, model_seed: int = 0, costs=None,
-                        group=None):
+                        group=None) -> StepResult | None:
     """Run on every engine: `pipelib.pipeline.step.train_step`, but through `execute_blocking`.
 
-    Returns (loss or None, {monolith parameter name: gradient}) for this rank's stage.
+    Returns a `StepResult`: loss or None, {monolith parameter name: gradient} for this rank's
+    stage.
     """
     from pipelib.model import MLP
     from pipelib.pipeline.step import make_batch
@@ -142,4 +144,4 @@ def train_step_blocking(schedule: Schedule, model_config, batch_seed: int = 0, *
     for name, prm in stage.module.named_parameters():
         k, _, rest = name.partition(".")
         grads[f"layers.{first + int(k)}.{rest}"] = prm.grad
-    return loss, grads
+    return StepResult(loss, grads)

@@ -20,6 +20,10 @@ Messages carry a tag per (kind, sending stage): activations and gradients travel
 queues, so V schedules (ZB-V, DualPipeV), whose activations and gradients between two ranks are
 interleaved differently on the two sides, need no reordering (validate(order="kind")).
 
+Before the step, each rank learns the shapes of the messages it will receive
+(`pipelib.pipeline.shapes`). `execute` checks its arguments, then `_run` walks the actions and
+a `_Messages` holds the step's messages: receives posted ahead, sends in flight, local handovers.
+
 Introduced in chapter 10; chapters 11-13 run GPipe, 1F1B, interleaved and zero-bubble
 schedules through this same function.
 """
@@ -31,16 +35,13 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
+from pipelib.checks import check_int
 from pipelib.comm import p2p as comms
 from pipelib.runtime.device import current
-from pipelib.pipeline.stage import Stage
 from pipelib.pipeline.schedules import Op, Schedule, validate
+from pipelib.pipeline.shapes import cached_shapes
 
 __all__ = ["execute"]
-
-_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32)
-_SPEC_LEN = 10                  # dtype code, ndim, up to 8 sizes
-_SHAPE_TAG = 1 << 20            # tags of the shape handshake, apart from the step's messages
 
 
 @functools.lru_cache(maxsize=64)
@@ -99,71 +100,111 @@ def _chunks(t: torch.Tensor, m: int, what: str, copy: bool) -> list[torch.Tensor
     return [c.clone() for c in t.chunk(m)] if copy else list(t.chunk(m))
 
 
-# ----------------------------------------------------------------------------- shapes
-def _encode(t: torch.Tensor) -> torch.Tensor:
-    if t.dim() > _SPEC_LEN - 2 or t.dtype not in _DTYPES:
-        raise ValueError(f"stage outputs must be tensors of at most {_SPEC_LEN - 2} dims and dtype "
-                         f"in {_DTYPES}, got {tuple(t.shape)} {t.dtype}")
-    spec = [_DTYPES.index(t.dtype), t.dim(), *t.shape]
-    return torch.tensor(spec + [0] * (_SPEC_LEN - len(spec)), dtype=torch.int64)
+# ----------------------------------------------------------------------------- one step's messages
+class _Messages:
+    """This rank's messages during one step (`execute` builds one per step).
 
-
-def _decode(spec: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
-    code, ndim, *sizes = spec.tolist()
-    return tuple(sizes[:ndim]), _DTYPES[code]
-
-
-def _exchange_shapes(s: Schedule, mine: dict[int, Stage], rank: int, group, first_input):
-    """(shape, dtype) of each of my stages' output, learnt once per step before any timing.
-
-    The receiver of a message must allocate its buffer, so it must know the shape. Stages are
-    visited in increasing order: stage s learns its input shape from stage s-1's rank (a small
-    untimed, untraced message, as torch.distributed.pipelining's shape inference), runs a
-    forward on zeros without autograd and tells stage s+1's rank.
+    Receives are posted in action order, `ahead` beyond the one an action needs, so their bytes
+    flow while this rank computes; `take` blocks just before the compute that needs its input;
+    `give` sends without blocking (handles kept in `sends` until the step ends) or hands the
+    tensor to a neighbouring stage on this rank (`local`).
     """
-    out, in_spec, handles = {}, {}, []
-    for stage_id in sorted(mine):
-        prev = s.stage_to_rank[stage_id - 1] if stage_id > 0 else None
-        if stage_id == 0:
-            x = first_input
-        elif prev == rank:
-            shape, dtype = out[stage_id - 1]
-            x = torch.zeros(shape, dtype=dtype)
+
+    __slots__ = ("s", "rank", "group", "peer", "in_spec", "out_spec", "bufs", "ahead", "check",
+                 "acts", "remote", "posted", "done", "local", "sends")
+
+    def __init__(self, s: Schedule, rank: int, group, in_spec, out_spec, bufs: dict,
+                 ahead: int, check: bool):
+        self.s, self.rank, self.group, self.ahead, self.check = s, rank, group, ahead, check
+        # group ranks -> global ranks once per step; comms' per-message peer checks are then
+        # skipped (post_send/post_recv): the schedule was validated and the group size checked
+        self.peer = {r: r if group is None else dist.get_global_rank(group, r)
+                     for r in range(s.num_ranks) if r != rank}
+        self.in_spec, self.out_spec, self.bufs = in_spec, out_spec, bufs
+        self.acts, self.remote = s.actions[rank], _receives(s, rank)
+        self.posted: dict[tuple, comms.Handle] = {}  # (kind, from_stage, microbatch) -> receive posted
+        self.done = 0                                # entries of `remote` whose receive was taken
+        self.local: dict[tuple, torch.Tensor] = {}   # (kind, from_stage, microbatch) -> handed over here
+        self.sends: list[comms.Handle] = []
+
+    def post(self, extra: int) -> None:
+        """Post the receives of `remote` up to `extra` beyond those taken (each once, in order)."""
+        n = min(self.done + extra, len(self.remote))
+        while len(self.posted) + self.done < n:
+            r = self.remote[len(self.posted) + self.done]
+            a = self.acts[r.index]
+            shape, dtype = self.in_spec[a.stage] if r.kind == "act" else self.out_spec[a.stage]
+            key = (r.kind, r.from_stage, a.microbatch)
+            buf = self.bufs.get(key)
+            if buf is None:
+                buf = self.bufs[key] = torch.empty(shape, dtype=dtype)
+            self.posted[key] = comms.post_recv(
+                buf, self.peer[r.src], self.group, r.tag, r.label,
+                {"stage": r.from_stage, "microbatch": a.microbatch}, self.check)
+
+    def take(self, kind: str, from_stage: int, a) -> torch.Tensor:
+        """The input `a` needs: handed over locally, or received (blocking here, just before a)."""
+        if self.s.stage_to_rank[from_stage] == self.rank:
+            return self.local.pop((kind, from_stage, a.microbatch))
+        self.post(1 + self.ahead)  # this receive, and the next ones while we compute
+        self.done += 1
+        # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
+        return self.posted.pop((kind, from_stage, a.microbatch)).wait()
+
+    def give(self, kind: str, from_stage: int, microbatch: int, tensor: torch.Tensor) -> None:
+        """Send `tensor` to the stage it is for (s+1 for "act", s-1 for "grad"), or hand it over."""
+        dst = self.s.stage_to_rank[from_stage + (1 if kind == "act" else -1)]
+        if dst == self.rank:
+            self.local[kind, from_stage, microbatch] = tensor
         else:
-            spec = torch.empty(_SPEC_LEN, dtype=torch.int64)
-            src = prev if group is None else dist.get_global_rank(group, prev)
-            with current().activity.doing(f"recv the shape of stage {stage_id - 1}'s output "
-                                          f"from rank {src} (before the step)"):
-                dist.recv(spec, src, group=group, tag=_SHAPE_TAG + stage_id)
-            shape, dtype = _decode(spec)
-            x = torch.zeros(shape, dtype=dtype)
-        in_spec[stage_id] = (tuple(x.shape), x.dtype)
-        if stage_id == s.num_stages - 1:
-            continue
-        with torch.no_grad():
-            y = mine[stage_id].module(x)
-        out[stage_id] = (tuple(y.shape), y.dtype)
-        nxt = s.stage_to_rank[stage_id + 1]
-        if nxt != rank:
-            dst = nxt if group is None else dist.get_global_rank(group, nxt)
-            handles.append(dist.isend(_encode(y), dst, group=group, tag=_SHAPE_TAG + stage_id + 1))
-    for work in handles:
-        work.wait()
-    return in_spec, out
+            self.sends.append(comms.post_send(
+                tensor, self.peer[dst], self.group, _tag(kind, from_stage), kind,
+                {"stage": from_stage, "microbatch": microbatch}, self.check))
 
 
-def _shapes(s: Schedule, mine, rank: int, group, first_input, cache: dict | None):
-    """`_exchange_shapes`, or its result kept in `cache` from an earlier step."""
-    if cache is None:
-        return _exchange_shapes(s, mine, rank, group, first_input)
-    first = None if first_input is None else (tuple(first_input.shape), first_input.dtype)
-    key = (s, rank)
-    if key not in cache:
-        cache[key] = (first, *_exchange_shapes(s, mine, rank, group, first_input))
-    elif cache[key][0] != first:
-        raise ValueError(f"execute: rank {rank}: microbatches of {first} but the shapes kept in "
-                         f"`shapes` are for {cache[key][0]}; pass a fresh dict when the batch shape changes")
-    return cache[key][1:]
+def _run(io: _Messages, mine: dict, xs, ys, loss_fn: Callable, costs, dev) -> tuple[list, int]:
+    """Run this rank's actions in order: (the last stage's microbatch losses, peak activation
+    bytes above what was held before the step)."""
+    m, ahead, post, take, give = io.s.num_microbatches, io.ahead, io.post, io.take, io.give
+    base, peak, losses = dev.memory.bytes["activations"], 0, []
+    for a in io.acts:
+        post(ahead)  # the next receives flow while this action computes
+        st, j = mine[a.stage], a.microbatch
+        duration = None if costs is None else costs.compute(a.op, a.stage)
+        if a.op is Op.F:
+            x = xs[j] if st.is_first else take("act", a.stage - 1, a)
+            with dev.compute("F", stage=a.stage, microbatch=j, duration=duration):
+                out = st.forward(j, x, ys[j] if st.is_last else None, loss_fn, 1.0 / m)
+            peak = max(peak, dev.memory.bytes["activations"] - base)
+            if st.is_last:
+                losses.append(out)
+            else:
+                give("act", a.stage, j, out)
+        elif a.op in (Op.B, Op.I):
+            grad = None if st.is_last else take("grad", a.stage + 1, a)
+            with dev.compute(a.op.value, stage=a.stage, microbatch=j, duration=duration):
+                gin = st.backward(j, grad) if a.op is Op.B else st.backward_input(j, grad)
+            if not st.is_first:
+                give("grad", a.stage, j, gin)
+        else:
+            with dev.compute("W", stage=a.stage, microbatch=j, duration=duration):
+                st.backward_weight(j)
+    return losses, peak
+
+
+def _my_stages(s: Schedule, stages, rank: int, size: int) -> dict | None:
+    """{stage: Stage} of this rank, checked against the schedule; None for a rank it leaves out."""
+    if size < s.num_ranks:
+        raise ValueError(f"schedule {s.name!r} needs {s.num_ranks} ranks but the group has {size}")
+    if rank >= s.num_ranks:
+        return None
+    stages = list(stages.values()) if isinstance(stages, dict) else list(stages)
+    mine = {st.index: st for st in stages}
+    want = s.stages_of(rank)
+    if sorted(mine) != list(want) or any(st.num_stages != s.num_stages for st in stages):
+        raise ValueError(f"rank {rank} runs stages {list(want)} of {s.num_stages} in schedule "
+                         f"{s.name!r} but was given {[f'{st.index} of {st.num_stages}' for st in stages]}")
+    return mine
 
 
 # ----------------------------------------------------------------------------- the executor
@@ -205,100 +246,23 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     """
     # identical on every rank, so a bad schedule fails everywhere; validated once per Schedule
     s = _validated(schedule) if isinstance(schedule, Schedule) else validate(schedule, order="kind")
-    if isinstance(recv_ahead, bool) or not isinstance(recv_ahead, int) or recv_ahead < 0:
-        raise ValueError(f"recv_ahead={recv_ahead!r}; pass an integer >= 0 (receives posted ahead)")
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    if size < s.num_ranks:
-        raise ValueError(f"schedule {s.name!r} needs {s.num_ranks} ranks but the group has {size}")
-    if rank >= s.num_ranks:
+    check_int(recv_ahead, "recv_ahead", minimum=0, hint="receives posted ahead")
+    rank = dist.get_rank(group)
+    mine = _my_stages(s, stages, rank, dist.get_world_size(group))
+    if mine is None:
         return None
-    stages = list(stages.values()) if isinstance(stages, dict) else list(stages)
-    mine = {st.index: st for st in stages}
-    want = s.stages_of(rank)
-    if sorted(mine) != list(want) or any(st.num_stages != s.num_stages for st in stages):
-        raise ValueError(f"rank {rank} runs stages {list(want)} of {s.num_stages} in schedule "
-                         f"{s.name!r} but was given {[f'{st.index} of {st.num_stages}' for st in stages]}")
-    m, last = s.num_microbatches, s.num_stages - 1
-    dev = current()
+    m, dev = s.num_microbatches, current()
     copy = dev.memory.track_activations
     xs = _chunks(batch, m, "batch", copy) if 0 in mine else None
-    ys = _chunks(targets, m, "targets", copy) if last in mine else None
-    in_spec, out_spec = _shapes(s, mine, rank, group, xs[0] if xs else None, shapes)
-
-    # group ranks -> global ranks once per step; comms' per-message peer checks are then
-    # skipped (post_send/post_recv): the schedule was validated and the group size checked
-    peer = {r: r if group is None else dist.get_global_rank(group, r)
-            for r in range(s.num_ranks) if r != rank}
+    ys = _chunks(targets, m, "targets", copy) if s.num_stages - 1 in mine else None
+    in_spec, out_spec = cached_shapes(s, mine, rank, group, xs[0] if xs else None, shapes)
     # receive buffers: kept with the shapes between steps (as torch's stages keep theirs), so
     # a step allocates none; a buffer is free again once its step ended (every B/W ran)
     bufs = {} if shapes is None else shapes.setdefault(("buffers", s, rank), {})
-    local: dict[tuple, torch.Tensor] = {}   # (kind, from_stage, microbatch) -> handed over here
-    sends: list[comms.Handle] = []
-    losses = []
-    base = dev.memory.bytes["activations"]
-    peak = 0
-    acts = s.actions[rank]
-    remote = _receives(s, rank)
-    posted: dict[tuple, comms.Handle] = {}  # (kind, from_stage, microbatch) -> receive posted
-    done = 0                                # entries of `remote` whose receive was taken
-
-    def post_until(n: int) -> None:
-        """Post the receives of the first n entries of `remote` (each once, in action order)."""
-        while len(posted) + done < min(n, len(remote)):
-            r = remote[len(posted) + done]
-            a = acts[r.index]
-            shape, dtype = in_spec[a.stage] if r.kind == "act" else out_spec[a.stage]
-            key = (r.kind, r.from_stage, a.microbatch)
-            buf = bufs.get(key)
-            if buf is None:
-                buf = bufs[key] = torch.empty(shape, dtype=dtype)
-            posted[key] = comms.post_recv(
-                buf, peer[r.src], group, r.tag, r.label,
-                {"stage": r.from_stage, "microbatch": a.microbatch}, check)
-
-    def take(kind: str, from_stage: int, a) -> torch.Tensor:
-        """The input `a` needs: handed over locally, or received (blocking here, just before a)."""
-        nonlocal done
-        if s.stage_to_rank[from_stage] == rank:
-            return local.pop((kind, from_stage, a.microbatch))
-        post_until(done + 1 + recv_ahead)  # this receive, and the next ones while we compute
-        done += 1
-        # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
-        return posted.pop((kind, from_stage, a.microbatch)).wait()
-
-    def give(kind: str, from_stage: int, microbatch: int, tensor: torch.Tensor) -> None:
-        dst = s.stage_to_rank[from_stage + (1 if kind == "act" else -1)]
-        if dst == rank:
-            local[kind, from_stage, microbatch] = tensor
-        else:
-            sends.append(comms.post_send(tensor, peer[dst], group, _tag(kind, from_stage), kind,
-                                         {"stage": from_stage, "microbatch": microbatch}, check))
-
-    for a in acts:
-        post_until(done + recv_ahead)  # the next receives flow while this action computes
-        st, j = mine[a.stage], a.microbatch
-        duration = None if costs is None else costs.compute(a.op, a.stage)
-        if a.op is Op.F:
-            x = xs[j] if st.is_first else take("act", a.stage - 1, a)
-            with dev.compute("F", stage=a.stage, microbatch=j, duration=duration):
-                out = st.forward(j, x, ys[j] if st.is_last else None, loss_fn, 1.0 / m)
-            peak = max(peak, dev.memory.bytes["activations"] - base)
-            if st.is_last:
-                losses.append(out)
-            else:
-                give("act", a.stage, j, out)
-        elif a.op in (Op.B, Op.I):
-            grad = None if st.is_last else take("grad", a.stage + 1, a)
-            with dev.compute(a.op.value, stage=a.stage, microbatch=j, duration=duration):
-                gin = st.backward(j, grad) if a.op is Op.B else st.backward_input(j, grad)
-            if not st.is_first:
-                give("grad", a.stage, j, gin)
-        else:
-            with dev.compute("W", stage=a.stage, microbatch=j, duration=duration):
-                st.backward_weight(j)
-    comms.wait_all(sends)
+    io = _Messages(s, rank, group, in_spec, out_spec, bufs, recv_ahead, check)
+    losses, peak = _run(io, mine, xs, ys, loss_fn, costs, dev)
+    comms.wait_all(io.sends)
     if stats is not None:
         stats.update(peak_activation_bytes=peak if dev.memory.track_activations else None,
-                     messages=len(sends),
-                     bytes_sent=sum(h.nbytes for h in sends))
+                     messages=len(io.sends), bytes_sent=sum(h.nbytes for h in io.sends))
     return torch.stack(losses).sum() if losses else None

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import ipywidgets as widgets
 
 from pipelib.viz.display import figure_bundle
-from pipelib.pipeline.schedules import GENERATORS, Schedule
+from pipelib.pipeline.schedules import REGISTRY, Schedule, make_schedule, schedule_info
 from pipelib.pipeline.simulate import Costs, SimResult, bubble_closed_form, simulate
 from pipelib.trace import Kind, Trace
 from pipelib.viz.timeline import memory_figure, sweep_figure, timeline_figure
@@ -32,8 +32,6 @@ from pipelib.viz.timeline import memory_figure, sweep_figure, timeline_figure
 __all__ = ["Setting", "predict", "summary_html", "explorer_figures", "explorer_sweep",
            "measure", "Measurement", "Explorer", "explorer"]
 
-CHUNKED = ("interleaved_1f1b", "interleaved_zero_bubble")          # take num_chunks v
-SPLIT = ("zb_h1", "interleaved_zero_bubble", "zbv", "dualpipe_v")  # run I and W, not B
 F_SECONDS = 1e-3  # one forward, in the predicted figures
 
 
@@ -44,17 +42,14 @@ class Setting:
     schedule: str = "1f1b"
     p: int = 4
     m: int = 8
-    num_chunks: int = 2      # v, for the schedules in CHUNKED; ZB-V and DualPipeV have v = 2
+    num_chunks: int = 2      # v, for chunked schedules (`ScheduleInfo.chunked`); V ones have 2
     b_ratio: float = 2.0     # B / F
     w_share: float = 0.5     # W / B when the backward is split into I then W
     p2p_ratio: float = 0.0   # one message / F
 
     def build(self) -> Schedule:
         """The schedule, from its generator; a ValueError names what to change."""
-        if self.schedule not in GENERATORS:
-            raise ValueError(f"unknown schedule {self.schedule!r}; choose one of {list(GENERATORS)}")
-        gen = GENERATORS[self.schedule]
-        return gen(self.p, self.m, self.num_chunks) if self.schedule in CHUNKED else gen(self.p, self.m)
+        return make_schedule(self.schedule, self.p, self.m, self.num_chunks)
 
     def costs(self, v: int, f: float = F_SECONDS, *, p2p=None, message_bytes: int = 0) -> Costs:
         """Seconds per op of one chunk (a stage's cost / v); activation_bytes=1 counts them."""
@@ -177,11 +172,11 @@ def measure(cluster, setting: Setting, model_config=None, rows: int = 2) -> Meas
     costs = setting.costs(s.num_chunks, f, p2p=link, message_bytes=nbytes)
     predicted = simulate(s, costs)
     cluster.reset()
-    out = run_train_step(cluster, s, model_config=config, costs=costs, stats=True,
+    out = run_train_step(cluster, s, model_config=config, costs=costs,
                          batch_size=rows * s.num_microbatches)
     n = s.num_ranks  # ranks beyond the schedule's (p=2 on 4 engines) ran nothing
     measured = Trace([e for e in cluster.trace() if e.rank < n], world_size=n)
-    peaks = tuple(r[2]["peak_activation_bytes"] for r in out[:n])
+    peaks = tuple(r.stats["peak_activation_bytes"] for r in out[:n])
     return Measurement(setting, measured, predicted, max_difference(measured, predicted.events),
                        peaks, link(nbytes))
 
@@ -196,10 +191,9 @@ class Explorer(widgets.VBox):
     """
 
     def __init__(self, cluster=None, setting: Setting = Setting(), *, max_p: int = 8, max_m: int = 32):
-        if setting.schedule not in GENERATORS:
-            setting.build()  # raises the ValueError naming the schedules to choose from
+        # an unknown name raises the ValueError naming the schedules; an alias shows its name
+        st = replace(setting, schedule=schedule_info(setting.schedule).name)
         self.cluster, self.result, self.measurement, self.last_redraw_s = cluster, None, None, None
-        st = setting
 
         def slider(kind, value, lo, hi, step, label):
             return kind(value=value, min=lo, max=max(hi, value), step=step, description=label,
@@ -207,7 +201,7 @@ class Explorer(widgets.VBox):
 
         Int, Float = widgets.IntSlider, widgets.FloatSlider
         self.controls = dict(
-            schedule=widgets.Dropdown(options=list(GENERATORS), value=st.schedule, description="schedule"),
+            schedule=widgets.Dropdown(options=list(REGISTRY), value=st.schedule, description="schedule"),
             p=slider(Int, st.p, 1, max_p, 1, "p (ranks)"),
             m=slider(Int, st.m, 1, max_m, 1, "m (microbatches)"),
             num_chunks=slider(Int, st.num_chunks, 1, 4, 1, "v (chunks)"),
@@ -239,8 +233,9 @@ class Explorer(widgets.VBox):
 
     def redraw(self) -> None:
         t0, st = time.perf_counter(), self.setting
-        self.controls["num_chunks"].disabled = st.schedule not in CHUNKED
-        self.controls["w_share"].disabled = st.schedule not in SPLIT
+        info = schedule_info(st.schedule)
+        self.controls["num_chunks"].disabled = not info.chunked
+        self.controls["w_share"].disabled = not info.split_backward
         self.measurement, self.report.value = None, ""
         try:
             self.result = predict(st)

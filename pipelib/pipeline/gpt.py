@@ -1,6 +1,6 @@
 """The tiny GPT as a pipeline: stages cut between blocks, and the tied embedding/head weight.
 
-    loss, grads = gpt_train_step("1f1b", p=4, m=8, gpt_config=GPTConfig(n_layer=8))  # every rank
+    result = gpt_train_step("1f1b", p=4, m=8, gpt_config=GPTConfig(n_layer=8))  # a StepResult per rank
 
 The GPT (`pipelib.model.GPT`, chapter 03) is cut between Transformer blocks: stage 0 runs the
 token and position embedding and its blocks, the last stage its blocks, the final LayerNorm and
@@ -30,6 +30,7 @@ from pipelib.comm import collectives
 from pipelib.comm import p2p as comms
 from pipelib.runtime.device import current
 from pipelib.model import GPT, GPTConfig, cross_entropy
+from pipelib.results import StepResult
 from pipelib.pipeline.step import check_step, resolve_schedule
 from pipelib.pipeline.executor import execute
 from pipelib.pipeline.stage import Stage, layer_cost, partition
@@ -151,16 +152,16 @@ def gpt_train_step(schedule, p: int | None = None, m: int | None = None,
                    gpt_config: GPTConfig | None = None, batch_seed: int = 0, *,
                    batch_size: int | None = None, seq_len: int | None = None, model_seed: int = 0,
                    num_chunks: int = 2, balance="layers", costs=None, group=None, emb_group=None,
-                   tie: bool = True, dtype=torch.float32, stats: bool = False):
+                   tie: bool = True, dtype=torch.float32) -> StepResult | None:
     """Run on every engine: one pipelined forward and backward of the tiny GPT.
 
     Every rank builds the same GPT (same seed) and batch (`make_tokens`, default 2 rows per
     microbatch), cuts it with `gpt_stages`, keeps its own stages and calls `execute` with
     next-token cross-entropy on (B, T, V) logits vs (B, T) targets. Then the tied
     embedding/head gradient is summed over the first and last stage's ranks (`sum_tied_grads`;
-    tie=False skips it, to show what goes wrong). Returns (loss or None, {monolith parameter
-    name: gradient}) for this rank's stages, the tied weight as "embed.wte.weight" on both of
-    its ranks; with stats=True also execute's stats plus tied_bytes_sent.
+    tie=False skips it, to show what goes wrong). Returns a `StepResult`: the loss (or None),
+    {monolith parameter name: gradient} for this rank's stages, the tied weight as
+    "embed.wte.weight" on both of its ranks, and execute's stats plus tied_bytes_sent.
     """
     cfg = gpt_config or PIPELINE_GPT
     s = resolve_schedule(schedule, p, m, num_chunks)
@@ -184,7 +185,7 @@ def gpt_train_step(schedule, p: int | None = None, m: int | None = None,
     info["tied_bytes_sent"] = comms.counters()["bytes_sent"] - sent
     held = {id(q) for st in mine for q in st.module.parameters()}
     grads = {name: q.grad for name, q in model.named_parameters() if id(q) in held}
-    return (loss, grads, info) if stats else (loss, grads)
+    return StepResult(loss, grads, info)
 
 
 def run_gpt_train_step(cluster, schedule, p=None, m=None, gpt_config=None, batch_seed: int = 0,

@@ -25,10 +25,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipelib.comm import p2p as comms
+from pipelib.results import StepResult
 from pipelib.runtime.device import current
-from pipelib.pipeline.step import execute, resolve_schedule
+from pipelib.pipeline.executor import execute
+from pipelib.pipeline.step import resolve_schedule
 from pipelib.pipeline.stage import Stage, partition, stage_modules
-from pipelib.pipeline.schedules import Op
+from pipelib.pipeline.schedules import Op, gpipe, naive, schedule_info
 from pipelib.trace import Trace
 
 __all__ = ["ShardedMLP", "naive_step", "gpipe_step", "HAND_WRITTEN", "train", "run_train",
@@ -163,7 +165,7 @@ def gpipe_step(shard: ShardedMLP, x, y, num_microbatches: int):
     return torch.stack(losses).sum() if shard.stage.is_last else None
 
 
-HAND_WRITTEN = {"naive": naive_step, "gpipe": gpipe_step}
+HAND_WRITTEN = {naive: naive_step, gpipe: gpipe_step}  # generator -> its order written as a loop
 
 
 def train(config, x, y, steps: int, *, num_stages: int | None = None, schedule: str = "naive",
@@ -178,16 +180,17 @@ def train(config, x, y, steps: int, *, num_stages: int | None = None, schedule: 
     `execute` on the named schedule; then updates its own parameters with its own Adam. Adam is
     per parameter, so the ranks' updates together are exactly the monolith's.
 
-    Returns {"losses": one float per step on the last stage's rank (None elsewhere), "grads" (of
-    the last step) and "params" (after it): {monolith name: tensor} for this rank's layers};
-    None on ranks beyond num_stages. `run_train` checks the arguments first, in the notebook.
+    Returns a `StepResult`: `losses`, one float per step, and `loss`, the last step's, on the
+    last stage's rank (empty and None elsewhere); `grads` of the last step and `params` after
+    it, {monolith name: tensor} for this rank's layers. None on ranks beyond num_stages.
+    `run_train` checks the arguments first, in the notebook.
     """
     num_stages = dist.get_world_size(group) if num_stages is None else num_stages
     _check_stages(num_stages, dist.get_world_size(group))
     _check_steps(steps)
-    if hand_written and schedule not in HAND_WRITTEN:
-        raise ValueError(f"hand_written=True knows schedules {sorted(HAND_WRITTEN)}, not "
-                         f"{schedule!r}; pass hand_written=False to run it with execute")
+    if hand_written and schedule_info(schedule).generator not in HAND_WRITTEN:
+        raise ValueError(f"hand_written=True knows schedules {sorted(g.__name__ for g in HAND_WRITTEN)}, "
+                         f"not {schedule!r}; pass hand_written=False to run it with execute")
     if dist.get_rank(group) >= num_stages:
         return None
     plan = resolve_schedule(schedule, num_stages, num_microbatches)
@@ -204,15 +207,17 @@ def train(config, x, y, steps: int, *, num_stages: int | None = None, schedule: 
             xb, yb = x[ix], y[ix]  # (B, in_features), (B,)
         opt.zero_grad(set_to_none=True)
         if hand_written:
-            loss = HAND_WRITTEN[schedule](shard, xb, yb, num_microbatches)
+            loss = HAND_WRITTEN[schedule_info(schedule).generator](shard, xb, yb, num_microbatches)
         else:
             loss = execute(plan, [shard.stage], xb, yb, F.cross_entropy, group, costs=costs)
         grads = {n: p.grad.clone() for n, p in shard.named_parameters()}
         opt.step()
         if loss is not None:
             losses.append(loss.item())
-    return {"losses": losses if shard.stage.is_last else None, "grads": grads,
-            "params": {n: p.detach().clone() for n, p in shard.named_parameters()}}
+    params = {n: p.detach().clone() for n, p in shard.named_parameters()}
+    last = shard.stage.is_last and bool(losses)
+    return StepResult(torch.tensor(losses[-1]) if last else None, grads,
+                      losses=tuple(losses) if last else (), params=params)
 
 
 def run_train(cluster, config, x, y, steps: int, *, timeout: float | None = None, **kw) -> list:
@@ -229,10 +234,10 @@ def run_train(cluster, config, x, y, steps: int, *, timeout: float | None = None
     num_stages = cluster.world_size if num_stages is None else num_stages
     _check_stages(num_stages, cluster.world_size)
     _check_steps(steps)
-    m, schedule = kw.get("num_microbatches", 1), kw.get("schedule", "naive")
-    if kw.get("hand_written") and schedule not in HAND_WRITTEN:
-        raise ValueError(f"hand_written=True knows schedules {sorted(HAND_WRITTEN)}, not "
-                         f"{schedule!r}; pass hand_written=False to run it with execute")
+    m, schedule = kw.get("num_microbatches", 1), kw.get("schedule", train.__kwdefaults__["schedule"])
+    if kw.get("hand_written") and schedule_info(schedule).generator not in HAND_WRITTEN:
+        raise ValueError(f"hand_written=True knows schedules {sorted(g.__name__ for g in HAND_WRITTEN)}, "
+                         f"not {schedule!r}; pass hand_written=False to run it with execute")
     resolve_schedule(schedule, num_stages, m)  # unknown name, m < 1
     partition(config.num_layers, num_stages, kw.get("balance", "layers"),
               [1] * config.num_layers)  # more stages than layers, a bad balance list

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 from pipelib.pipeline.schedules import (
-    Action, Op, Schedule, ScheduleDeadlock, _check_channels, _check_counts, _check_placement,
-    _key, _messages, as_schedule, deadlock_message, dependencies,
+    Action, Op, Schedule, ScheduleDeadlock, action_key, action_messages, as_schedule,
+    check_channels, check_counts, check_placement, deadlock_message, dependencies, schedule_info,
 )
 from pipelib.trace import Event, Kind, Trace
 
@@ -132,10 +132,10 @@ class _Sim:
         mem = self.held[rank] * self.costs.activation_bytes if self.costs.activation_bytes else None
         self.events.append(Event(rank, Kind.COMPUTE, a.op.value, start, end, stage=a.stage,
                                  microbatch=a.microbatch, memory=mem))
-        for direction, to, msg in _messages(self.s, rank, a):
+        for direction, to, msg in action_messages(self.s, rank, a):
             if direction == "send":
                 self.send(rank, to, msg, end)
-        self.end[_key(a)], self.free[rank], self.times[a] = end, end, (start, end)
+        self.end[action_key(a)], self.free[rank], self.times[a] = end, end, (start, end)
 
     def send(self, rank: int, to: int, msg: tuple, at: float) -> None:
         nbytes = self.costs.message_bytes
@@ -177,10 +177,10 @@ def simulate(schedule, costs: Costs | None = None, *, order: str | None = None) 
     """
     s = as_schedule(schedule)
     costs = Costs() if costs is None else costs
-    _check_placement(s)
-    _check_counts(s)
+    check_placement(s)
+    check_counts(s)
     if order is not None:
-        _check_channels(s, order)
+        check_channels(s, order)
     sim = _Sim(s, costs)
     while sim.advance():
         pass
@@ -201,40 +201,16 @@ def bubble_closed_form(name: str, p: int, m: int, v: int = 1, *, costs: Costs | 
 
     Two ways to state one bubble: as a share of the step, idle / (idle + busy), which is what
     `simulate(...).bubble` measures, and relative to the ideal compute time, idle / busy
-    (`relative=True`). Per rank, with t = F + B:
+    (`relative=True`). Per rank, with t = F + B (costs per chunk for interleaved and ZB-V):
 
-    - naive: idle (p-1) m t, busy m t: share (p-1)/p, relative p-1.
-    - gpipe, 1f1b (Huang et al. 2019; Narayanan et al. 2021): idle (p-1) t, busy m t: share
-      (p-1)/(m+p-1), relative (p-1)/m, whatever the ratio of B to F: fill and drain both scale.
-    - interleaved_1f1b (Narayanan et al., SC'21), costs per chunk: idle (p-1) t, busy v m t:
-      share (p-1)/(v m + p-1), relative (p-1)/(v m). Needs m >= p.
-    - zb_h1 (Qi et al. 2023): idle (p-1) max(F, F+I-W), busy m (F+I+W): with F = I = W, share
-      (p-1)/(3m + p-1), relative (p-1)/(3m), a third of 1F1B's. Needs m >= p.
-    - zbv, costs per chunk with F = I = W: idle (p-1) F (filling the V once), busy 2m (F+I+W):
-      relative (p-1)/(6m), near zero as m grows. Needs m >= 2p.
+    - naive: share (p-1)/p, relative p-1.
+    - gpipe, 1f1b: share (p-1)/(m+p-1), relative (p-1)/m, whatever the ratio of B to F.
+    - interleaved_1f1b: share (p-1)/(v m + p-1), relative (p-1)/(v m). Needs m >= p.
+    - zb_h1: idle (p-1) max(F, F+I-W), busy m (F+I+W): with F = I = W a third of 1F1B's.
+    - zbv, F = I = W: relative (p-1)/(6m), near zero as m grows. Needs m >= 2p.
+
+    Each formula is its schedule's `closed_form` in `pipelib.pipeline.schedules.registry`
+    (derivations and citations there); a schedule without one raises a ValueError.
     """
-    c = Costs() if costs is None else costs
-    t = c.F + c.B
-    need = {"interleaved_1f1b": p, "zb_h1": p, "zbv": 2 * p}.get(name, 1)
-    if p < 1 or m < 1 or v < 1:
-        raise ValueError(f"bubble_closed_form: need p, m, v >= 1, got p={p}, m={m}, v={v}")
-    if m < need:
-        raise ValueError(f"bubble_closed_form({name!r}): m={m} < {need} with p={p}: the pipeline "
-                         f"never reaches its steady state and no closed form holds; use simulate()")
-    if name == "naive":
-        idle, busy = (p - 1) * m * t, m * t
-    elif name in ("gpipe", "1f1b"):
-        idle, busy = (p - 1) * t, m * t
-    elif name == "interleaved_1f1b":
-        idle, busy = (p - 1) * t, v * m * t
-    elif name == "zb_h1":
-        idle, busy = (p - 1) * max(c.F, c.F + c.I - c.W), m * (c.F + c.I + c.W)
-    elif name == "zbv":
-        if not c.F == c.I == c.W:
-            raise ValueError(f"bubble_closed_form('zbv') holds for F = I = W only, got F={c.F}, "
-                             f"I={c.I}, W={c.W}; use simulate() for other costs")
-        idle, busy = (p - 1) * c.F, 2 * m * (c.F + c.I + c.W)
-    else:
-        raise ValueError(f"no closed form for schedule {name!r}; choose one of naive, gpipe, "
-                         f"1f1b, interleaved_1f1b, zb_h1, zbv, or use simulate()")
-    return idle / busy if relative else idle / (idle + busy)
+    info = schedule_info(name)
+    return info.bubble(p, m, v, Costs() if costs is None else costs, relative=relative)

@@ -1,12 +1,12 @@
 """One training step of a pipeline on every engine, and the checks that come before it.
 
     check_step("1f1b", 4, 8, cfg, batch_size=64, world_size=4)   # in the notebook: ValueErrors
-    run_train_step(cluster, "1f1b", 4, 8, cfg)                    # per rank: (loss, {name: grad})
+    run_train_step(cluster, "1f1b", 4, 8, cfg)                    # per rank: a StepResult
     monolith_step(cfg, 64)                                        # the reference: same loss, grads
 
 Every rank builds the same seeded model, cuts it into the schedule's stages, keeps its own and
-runs `execute` (`pipelib.pipeline.executor`, the one executor, re-exported here with the stage
-helpers of `pipelib.pipeline.stage`). `timed_steps` and `prepare_step` are the benchmark's
+runs `execute` (`pipelib.pipeline.executor`, the one executor) on them (`pipelib.pipeline.stage`
+cuts the model). `timed_steps` and `prepare_step` are the benchmark's
 building blocks (`pipeline_torch.compare_step_times` runs torch's twin of the same step).
 
 Introduced in chapter 10; chapters 11-13 run every schedule through `run_train_step`.
@@ -21,36 +21,25 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pipelib.results import StepResult
 from pipelib.runtime.device import current
-from pipelib.pipeline.executor import execute  # noqa: F401 (re-exported)
-from pipelib.pipeline.stage import (  # noqa: F401 (re-exported)
-    Stage, partition, split_into_stages, stage_grads, stage_modules,
-)
-from pipelib.pipeline.schedules import GENERATORS, Schedule, validate
+from pipelib.pipeline.executor import execute
+from pipelib.pipeline.stage import Stage, partition, stage_grads, stage_modules
+from pipelib.pipeline.schedules import Schedule, as_schedule, schedule_info, validate
 
-__all__ = ["Stage", "split_into_stages", "partition", "execute", "resolve_schedule",
-           "check_step", "train_step", "run_train_step", "monolith_step", "make_batch",
-           "stage_modules", "stage_grads", "timed_steps", "Runner", "prepare_step"]
-
-_ALIASES = {"one_f_one_b": "1f1b", "zero_bubble_h1": "zb_h1", "zbh1": "zb_h1", "GPipe": "gpipe"}
-
+__all__ = ["resolve_schedule", "check_step", "train_step", "run_train_step", "monolith_step",
+           "make_batch", "timed_steps", "Runner", "prepare_step"]
 
 def resolve_schedule(schedule, p: int | None = None, m: int | None = None,
                      num_chunks: int = 2) -> Schedule:
-    """A `Schedule` from a name in `pipelib.pipeline.schedules.GENERATORS` (with p, m) or a Schedule/dict."""
+    """A `Schedule` from a name or alias in `pipelib.pipeline.schedules.REGISTRY` (with p, m;
+    num_chunks for chunked ones) or a Schedule/dict."""
     if not isinstance(schedule, str):
-        from pipelib.pipeline.schedules import as_schedule
-
         return as_schedule(schedule)
-    name = _ALIASES.get(schedule, schedule)
-    if name not in GENERATORS:
-        raise ValueError(f"unknown schedule {schedule!r}; choose one of {sorted(GENERATORS)} "
-                         f"or pass a Schedule")
+    info = schedule_info(schedule)  # an unknown name: a ValueError listing the names
     if p is None or m is None:
         raise ValueError(f"schedule {schedule!r} by name needs p (ranks) and m (microbatches)")
-    if name in ("interleaved_1f1b", "interleaved_zero_bubble"):
-        return GENERATORS[name](p, m, num_chunks)
-    return GENERATORS[name](p, m)
+    return info.make(p, m, num_chunks)
 
 
 def check_step(schedule, p=None, m=None, model_config=None, batch_size=None, *,
@@ -151,19 +140,20 @@ def prepare_step(s: Schedule, model_config, rank: int, batch_seed: int = 0, *, b
 def train_step(schedule, p: int | None = None, m: int | None = None, model_config=None,
                batch_seed: int = 0, *, batch_size: int | None = None, model_seed: int = 0,
                num_chunks: int = 2, balance="layers", costs=None, group=None,
-               dtype=torch.float32, stats: bool = False, steps: int = 1, timed: bool = False,
-               recv_ahead: int = 2, check: bool = False):
+               dtype=torch.float32, steps: int = 1, timed: bool = False,
+               recv_ahead: int = 2, check: bool = False) -> StepResult | None:
     """Run on every engine: build the MLP from a seed, keep this rank's stages, run one step.
 
     Every rank builds the same model (same seed) and the same batch (batch_size rows, default
     2 per microbatch), splits the layers into the schedule's stages and keeps its own, then
-    calls `execute`. Returns (loss or None, {monolith parameter name: gradient}) for this rank's
-    stages, so the notebook can compare with `monolith_step`; with stats=True, also the dict
-    `execute` fills. Ranks of the group outside the schedule return None.
+    calls `execute`. Returns a `StepResult`: the loss (last stage's rank, else None), the
+    gradients of this rank's stages under the monolith's names (compare with `monolith_step`
+    through `pipelib.results.check_against_reference`) and the stats `execute` fills. Ranks of
+    the group outside the schedule return None.
 
     `steps` > 1 repeats the step on the same stages (gradients zeroed between, the shape
     handshake done once); the result is the last step's. With timed=True the list of seconds
-    per step (`timed_steps`) is appended to the returned tuple (the benchmark's timing mode).
+    per step (`timed_steps`) are the result's `times` (the benchmark's timing mode).
     `recv_ahead` and `check` are `execute`'s.
     """
     from pipelib.model import MLPConfig
@@ -181,8 +171,7 @@ def train_step(schedule, p: int | None = None, m: int | None = None, model_confi
         loss, times = run.step(), []
     else:
         loss, times = timed_steps(run.step, run.modules, steps, group)
-    out = (loss, run.grads()) + ((info,) if stats else ())
-    return out + (times,) if timed else out
+    return StepResult(loss, run.grads(), info, tuple(times))
 
 
 def run_train_step(cluster, schedule, p=None, m=None, model_config=None, batch_seed: int = 0,

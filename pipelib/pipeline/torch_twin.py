@@ -1,7 +1,7 @@
 """The same training step through torch.distributed.pipelining, to check pipelib's executor.
 
-    run_torch_train_step(cluster, "zbv", 4, 8, cfg)   # per rank: (loss or None, {name: grad})
-    run_train_step(cluster, "zbv", 4, 8, cfg)         # pipelib's, same shape of result
+    run_torch_train_step(cluster, "zbv", 4, 8, cfg)   # per rank: a StepResult (or None)
+    run_train_step(cluster, "zbv", 4, 8, cfg)         # pipelib's, the same type of result
 
 Both build the same MLP (same seed), cut it at the same layer boundaries (`stage_modules`) and
 put stage k on the same rank: stage k on rank k % p for looped schedules (GPipe, 1F1B,
@@ -33,34 +33,26 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipelib.pipeline.step import _ALIASES, Runner, check_step, make_batch, resolve_schedule, timed_steps
+from pipelib.pipeline.step import Runner, check_step, make_batch, resolve_schedule, timed_steps
 from pipelib.pipeline.stage import stage_grads, stage_modules
-from pipelib.pipeline.schedules import Schedule, from_csv
+from pipelib.results import StepResult
+from pipelib.pipeline.schedules import ALIASES, REGISTRY, Schedule, from_csv, schedule_info
 
 __all__ = ["TORCH_SCHEDULES", "check_torch_step", "prepare_torch_step", "torch_train_step",
            "run_torch_train_step", "compare_step_times", "run_compare_step_times",
            "torch_pipeline_order"]
 
-# pipelib's schedule name -> torch's class (torch.distributed.pipelining). zb_h1 is torch's
-# ZB1P with one stage per rank. pipelib's naive has no torch counterpart, torch's LoopedBFS
-# none in pipelib.
-TORCH_SCHEDULES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved_1f1b": "ScheduleInterleaved1F1B",
-    "zb_h1": "ScheduleInterleavedZeroBubble",
-    "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble",
-    "zbv": "ScheduleZBVZeroBubble",
-    "dualpipe_v": "ScheduleDualPipeV",
-}
-_V_SHAPED = ("zbv", "dualpipe_v")
+# pipelib's schedule name -> torch's class (torch.distributed.pipelining), from each schedule's
+# registry entry (`ScheduleInfo.torch_class`). zb_h1 is torch's ZB1P with one stage per rank.
+# pipelib's naive has no torch counterpart, torch's LoopedBFS none in pipelib.
+TORCH_SCHEDULES = {name: info.torch_class for name, info in REGISTRY.items() if info.torch_class}
 
 
 def _torch_name(schedule) -> str:
     if not isinstance(schedule, str):
         raise ValueError(f"torch.distributed.pipelining runs its own schedules, chosen by name: "
                          f"pass one of {sorted(TORCH_SCHEDULES)}, not {type(schedule).__name__}")
-    name = _ALIASES.get(schedule, schedule)
+    name = ALIASES.get(schedule, schedule)
     if name not in TORCH_SCHEDULES:
         raise ValueError(f"schedule {schedule!r} has no counterpart in torch.distributed.pipelining; "
                          f"choose one of {sorted(TORCH_SCHEDULES)}")
@@ -71,7 +63,8 @@ def _torch_placement(name: str, p: int, num_stages: int) -> tuple[int, ...]:
     """torch's stage -> rank map: looped (stage % p), or V for ZB-V and DualPipeV."""
     from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
-    mapping = generate_stage_to_rank_mapping(p, num_stages, "v" if name in _V_SHAPED else "loop")
+    style = "v" if schedule_info(name).v_shaped else "loop"
+    mapping = generate_stage_to_rank_mapping(p, num_stages, style)
     return tuple(mapping[k] for k in range(num_stages))
 
 
@@ -86,9 +79,10 @@ def check_torch_step(schedule, p, m, model_config=None, batch_size=None, *, num_
     """
     name = _torch_name(schedule)
     s = check_step(name, p, m, model_config, batch_size, num_chunks=num_chunks, world_size=world_size)
-    if name == "1f1b" and m < p:
-        raise ValueError(f"torch's Schedule1F1B refuses m={m} microbatches with p={p} stages (it "
-                         f"needs m >= p; pipelib's 1f1b runs any m): use m >= {p}")
+    info = schedule_info(name)
+    if info.torch_needs_m_ge_p and m < p:
+        raise ValueError(f"torch's {info.torch_class} refuses m={m} microbatches with p={p} stages "
+                         f"(it needs m >= p; pipelib's {name} runs any m): use m >= {p}")
     theirs = _torch_placement(name, p, s.num_stages)
     if theirs != s.stage_to_rank:
         raise ValueError(f"{name}: pipelib puts stages on ranks {list(s.stage_to_rank)} but torch "
@@ -164,10 +158,10 @@ def torch_train_step(schedule: str, p: int, m: int, model_config=None, batch_see
 
     Same model, batch, stage boundaries and placement as pipelib's `train_step`; torch's
     `PipelineStage` wraps each of this rank's stage modules and torch's schedule class of the
-    same name runs `step(x, target=y, losses=...)`. Returns (loss or None, {monolith parameter
-    name: gradient}) for this rank's stages, like `train_step`; ranks outside the pipeline
-    return None. `steps` > 1 repeats the step on the same schedule object (torch infers shapes
-    on the first only); timed=True appends the seconds per step (`timed_steps`).
+    same name runs `step(x, target=y, losses=...)`. Returns a `StepResult` (loss or None,
+    {monolith parameter name: gradient} for this rank's stages), like `train_step`; ranks
+    outside the pipeline return None. `steps` > 1 repeats the step on the same schedule object
+    (torch infers shapes on the first only); timed=True fills its `times` (`timed_steps`).
 
     On a world bigger than p, every rank must call it (it makes a subgroup of ranks 0..p-1).
     """
@@ -187,7 +181,7 @@ def torch_train_step(schedule: str, p: int, m: int, model_config=None, batch_see
             loss, times = run.step(), []
         else:
             loss, times = timed_steps(run.step, run.modules, steps, group)
-        return (loss, run.grads(), times) if timed else (loss, run.grads())
+        return StepResult(loss, run.grads(), times=tuple(times))
 
 
 def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_seed: int = 0, *,

@@ -2,9 +2,10 @@
 
 ipyparallel starts its controller and engines in sessions of their own, so they survive a
 kernel killed with SIGKILL (nbval does that after a cell timeout), and atexit cannot run in a
-killed process. This watchdog is started by `Cluster.start()` in its own session too; it polls
-the kernel's pid and, once the kernel is gone, terminates every process carrying the cluster's
-tag in its environment, then removes the cluster's run directory and exits.
+killed process (a normal exit is `pipelib.runtime.registry`'s job). This watchdog is started by
+`Cluster.start()` (`launch`) in its own session too; it polls the kernel's pid and, once the
+kernel is gone, terminates every process carrying the cluster's tag in its environment, then
+removes the cluster's run directory and exits.
 
     python -m pipelib.runtime.watchdog KERNEL_PID KERNEL_CREATE_TIME TAG RUNDIR
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -59,6 +61,26 @@ def kernel_alive(pid: int, create_time: float) -> bool:
         return abs(p.create_time() - create_time) < 1.0 and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def launch(tag: str, rundir: str) -> subprocess.Popen:
+    """Start the watchdog for the cluster `tag` of this process, in a session of its own (so
+    that whatever kills this process's group leaves it running)."""
+    me = psutil.Process()
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelib.runtime.watchdog", str(me.pid), repr(me.create_time()), tag, rundir],
+        start_new_session=True, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def reap(proc: subprocess.Popen, timeout: float = 2.0) -> None:
+    """Wait for a watchdog told to stop (the run directory's `stopped` file); kill it if late."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,37 @@
-"""pipelib.viz"""
+"""pipelib.viz: every figure of the book, drawn from measurements and events, never by hand.
+
+- `hardware`: `roofline_figure`, `bandwidth_figure`: the machine measured (chapter 01);
+- `timeline`: `timeline_figure`, `sweep_figure`, `memory_figure`, `speedup_figure`: figures of a
+  `Trace`, measured or simulated (chapter 04 on; the pipelines of chapters 10-13);
+- `comm`: ping-pong curves, time and bandwidth against tensor size, collectives replayed step
+  by step from their messages (chapters 05 and 06);
+- `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
+  `show_source(obj)`, library code shown by reference (every chapter, from chapter 01).
+
+The pure layer (DESIGN.md section 2): plotly and `pipelib.trace`, never torch.distributed nor
+the runtime. Importing this package imports nothing; each name below is imported from its
+module on first use.
+"""
 from pipelib._lazy import lazy
 
-API: dict[str, str] = {}
+API: dict[str, str] = {
+    "roofline_figure": "hardware",
+    "bandwidth_figure": "hardware",
+    "timeline_figure": "timeline",
+    "sweep_figure": "timeline",
+    "memory_figure": "timeline",
+    "speedup_figure": "timeline",
+    "parse_label": "comm",
+    "message_steps": "comm",
+    "replay": "comm",
+    "step_moves": "comm",
+    "collective_animation": "comm",
+    "pingpong_figure": "comm",
+    "size_sweep_figure": "comm",
+    "size_sweep_bandwidth_figure": "comm",
+    "figure_bundle": "display",
+    "show": "display",
+    "show_source": "display",
+}
 __all__ = sorted(API)
 __getattr__, __dir__ = lazy(__name__, API)

@@ -3,8 +3,9 @@
 Every figure is drawn from measurements: `collective_animation` replays the SEND events a real
 run recorded (labels ``"<name> <phase> step <s> chunk <c>"``, see `pipelib.comm.collectives`) and
 derives, step by step, whose contributions each rank holds in each chunk slot (`replay`) and
-which chunk each message moved where (`step_moves`, drawn as arrows). `sweep_figure` and
-`sweep_bandwidth_figure` draw measured times (and bandwidth) against the alpha-beta model.
+which chunk each message moved where (`step_moves`, drawn as arrows). `size_sweep_figure` and
+`size_sweep_bandwidth_figure` draw measured times (and bandwidth) against the alpha-beta model
+(`pipelib.comm.alphabeta`) as the tensor size grows.
 Nothing is drawn by hand. Never imports torch.distributed.
 
 Introduced in chapters 05 and 06.
@@ -230,7 +231,7 @@ def _vlines(fig, vlines, axes=(("x", "y"),)):
                                    showarrow=False, xanchor="right", yanchor="top")
 
 
-def sweep_figure(measured: dict, predicted: dict | None = None, title: str = "Time vs size",
+def size_sweep_figure(measured: dict, predicted: dict | None = None, title: str = "Time vs size",
                  unit: str = "ms", *, vlines: dict | None = None) -> go.Figure:
     """Lines of time vs bytes: measured {name: (sizes, seconds)} as markers, predicted as lines
     (dashed), and optional labelled vertical lines {label: bytes} (a predicted crossover)."""
@@ -247,7 +248,7 @@ def sweep_figure(measured: dict, predicted: dict | None = None, title: str = "Ti
     return fig
 
 
-def sweep_bandwidth_figure(measured: dict, predicted: dict | None = None, title: str = "Time and bandwidth vs size",
+def size_sweep_bandwidth_figure(measured: dict, predicted: dict | None = None, title: str = "Time and bandwidth vs size",
                            unit: str = "ms", *, vlines: dict | None = None) -> go.Figure:
     """Time (left) and algorithm bandwidth, tensor bytes / time (right), vs tensor size, log-log.
     measured {name: (sizes, seconds)} as markers, predicted as dashed lines; one colour per name

@@ -3,7 +3,8 @@ exact byte counts; alpha-beta time exact on the simulated device; mismatches as 
 import pytest
 
 from pipelib.comm import collectives as C
-from pipelib.runtime.cluster import RankError
+from pipelib.comm.alphabeta import chunk_sizes, expected_bytes, predicted_time
+from pipelib.runtime.errors import RankError
 
 pytestmark = pytest.mark.cluster
 
@@ -38,7 +39,7 @@ def _compare(ranks, sizes, big):
         ok = torch.equal(got, want) if exact else torch.allclose(got, want, rtol=1e-5, atol=1e-4)
         if not ok:
             bad.append(f"{name} n={n} shape={shape} dtype={got.dtype}: values differ")
-        exp = C.expected_bytes(name, shape, itemsize, n, me, root)
+        exp = expected_bytes(name, shape, itemsize, n, me, root)
         if nbytes_sent != exp:
             bad.append(f"{name} n={n} shape={shape}: sent {nbytes_sent} bytes, formula {exp}")
 
@@ -71,7 +72,7 @@ def _compare(ranks, sizes, big):
                 y, b = sent(C.reduce, x.clone(), root, op, g)
                 if me == root:
                     check("reduce", y, ref, b, x.shape, isz, root=root, exact=exact or op == "max")
-                elif b != C.expected_bytes("reduce", x.shape, isz, n, me, root):
+                elif b != expected_bytes("reduce", x.shape, isz, n, me, root):
                     bad.append(f"reduce bytes n={n} rank {me}: {b}")
             root = 1 % n
             want = x.clone()
@@ -82,7 +83,7 @@ def _compare(ranks, sizes, big):
             dist.all_gather_into_tensor(want, x, group=g)
             y, b = sent(C.all_gather, x, g)
             check("all_gather", y, want, b, x.shape, isz)
-            sz = C.chunk_sizes(size, n)
+            sz = chunk_sizes(size, n)
             want = torch.empty(n * sz[me], dtype=dtype)
             dist.all_to_all_single(want, x, output_split_sizes=[sz[me]] * n, input_split_sizes=sz, group=g)
             y, b = sent(C.all_to_all, x, g)
@@ -116,16 +117,6 @@ def test_multi_dimensional_and_non_contiguous(cluster4):
     assert cluster4.run(_multi_dim) == [(True, True, True)] * 4
 
 
-def test_bytes_formulas_closed_forms():
-    n, N = 4, 4 * 2**20
-    assert C.expected_bytes("all_reduce", (2**20,), 4, n, 0) == 2 * (n - 1) * N // n
-    assert C.expected_bytes("all_reduce_naive", (2**20,), 4, n, 2) == (n - 1) * N
-    assert C.expected_bytes("reduce_scatter", (2**20,), 4, n, 3) == (n - 1) * N // n
-    assert C.expected_bytes("broadcast", (2**20,), 4, 8, 0) == 3 * N  # root of a tree of 8
-    assert sum(C.expected_bytes("broadcast", (10,), 4, 5, r) for r in range(5)) == 4 * 40
-    assert C.chunk_sizes(7, 3) == [3, 2, 2] == [len(t) for t in __import__("torch").arange(7).tensor_split(3)]
-
-
 def _timed(name, numel):
     import torch
     import torch.distributed as dist
@@ -150,13 +141,13 @@ def test_alpha_beta_time_is_exact_on_the_sim_device(cluster4, name):
     numel = 4096
     cluster4.reset()
     ends = cluster4.run(_timed, name, numel)
-    want = C.predicted_time(name, 4 * numel, 4, link.alpha, link.beta)
+    want = predicted_time(name, 4 * numel, 4, link.alpha, link.beta)
     assert max(ends) == pytest.approx(want, rel=1e-12, abs=1e-15)
     trace = cluster4.trace()
     coll = trace.filter(kind="collective")
     assert len(coll) == 4 and all(e.label == name for e in coll)
     assert [e.bytes for e in sorted(coll, key=lambda e: e.rank)] == [
-        C.expected_bytes(name, (numel,), 4, 4, r) for r in range(4)]
+        expected_bytes(name, (numel,), 4, 4, r) for r in range(4)]
 
 
 def _mismatch(kind):
@@ -208,7 +199,7 @@ def test_replay_from_the_trace_ends_where_the_collective_promises(cluster4, name
     cluster4.run(_one, name)
     trace = cluster4.trace()
     rows = viz_comms.message_steps(trace, name)
-    assert sum(r["bytes"] for r in rows) == sum(C.expected_bytes(name, (10,), 4, 4, r) for r in range(4))
+    assert sum(r["bytes"] for r in rows) == sum(expected_bytes(name, (10,), 4, 4, r) for r in range(4))
     final = viz_comms.replay(rows, name, 4)[-1]
     full = frozenset(range(4))
     if name == "reduce_scatter":
@@ -251,7 +242,7 @@ def _segmented(ranks, cases):
                 sent = comms.counters()["bytes_sent"]
                 if not torch.allclose(y, want, rtol=1e-12, atol=1e-12):
                     bad.append(f"{name} {op} n={n} shape={shape} segment_bytes={seg}: values differ")
-                if sent != C.expected_bytes(name, shape, 8, n, me):
+                if sent != expected_bytes(name, shape, 8, n, me):
                     bad.append(f"{name} n={n} shape={shape} segment_bytes={seg}: sent {sent} bytes")
         want = torch.empty((n * shape[0], *shape[1:]), dtype=x.dtype)
         dist.all_gather_into_tensor(want, x, group=g)
@@ -269,86 +260,61 @@ def test_segmented_rings_equal_the_builtin(cluster4, ranks):
 
 
 def _measure(ranks, sizes):
-    from pipelib.comm import lab as pingpong
+    from pipelib.comm import lab
 
     g = _group(ranks)
-    return pingpong.measure_collective("all_reduce", sizes, repeats=1, group=g, warmup=0)
+    return lab.measure_collective("all_reduce", sizes, repeats=1, group=g, warmup=0)
 
 
 @pytest.mark.parametrize("ranks", [(0, 1), (1, 2, 3), (0, 1, 2, 3)], ids=["n2", "n3-subgroup", "n4"])
 def test_ring_all_reduce_time_is_the_alpha_beta_prediction_on_sim(cluster4, ranks):
     """Virtual-clock time of the ring all-reduce, from a common start to its slowest rank,
     equals 2(n-1) alpha + 2(n-1)/n N / beta at every size (sizes divisible by n)."""
-    from pipelib.comm import lab as pingpong
+    from pipelib.comm.alphabeta import compare
     from pipelib.costmodel import PROFILES
 
     link = PROFILES["toy-gpu"].link
     sizes = [48, 4800, 48 * 1024, 48 * 2**14]
     rows = [r for r in cluster4.run(_measure, list(ranks), sizes, timeout=60) if r is not None]
     assert len(rows) == len(ranks) and all(r == rows[0] for r in rows)  # the same table on every rank
-    table = pingpong.compare("all_reduce", rows[0], len(ranks), link.alpha, link.beta)
+    table = compare("all_reduce", rows[0], len(ranks), link.alpha, link.beta)
     assert [t["bytes"] for t in table] == sizes
     for t in table:
         assert t["measured"] == pytest.approx(t["predicted"], rel=1e-12), t
 
 
 def _shift(sizes):
-    from pipelib.comm import lab as pingpong
+    from pipelib.comm import lab
 
-    return pingpong.ring_shift(sizes, repeats=1, warmup=0)
+    return lab.ring_shift(sizes, repeats=1, warmup=0)
 
 
 def test_ring_shift_fit_is_the_link_on_sim(cluster4):
-    from pipelib.comm import lab as pingpong
+    from pipelib.comm.alphabeta import fit_alpha_beta
     from pipelib.costmodel import PROFILES
 
     link = PROFILES["toy-gpu"].link
     rows = cluster4.run(_shift, [1, 1024, 2**20])[0]
-    alpha, beta = pingpong.fit_alpha_beta([r["bytes"] for r in rows], [r["time"] for r in rows])
+    alpha, beta = fit_alpha_beta([r["bytes"] for r in rows], [r["time"] for r in rows])
     assert alpha == pytest.approx(link.alpha, rel=1e-9) and beta == pytest.approx(link.beta, rel=1e-9)
 
 
 def _bad_args(kind):
     import torch
 
-    from pipelib.comm import lab as pingpong
+    from pipelib.comm import lab
 
     if kind == "segment":
         C.all_reduce(torch.ones(4), segment_bytes=-1)
     elif kind == "name":
-        pingpong.measure_collective("allreduce", [64])
+        lab.measure_collective("allreduce", [64])
 
 
 @pytest.mark.parametrize("kind,pattern", [
-    ("segment", r"all_reduce segment_bytes must be an int >= 0 \(0 = one message per chunk\) or None, got -1"),
+    ("segment", r"all_reduce: segment_bytes=-1; pass an integer >= 0 \(bytes per ring message; 0 = one message per chunk"),
     ("name", r"unknown collective 'allreduce'"),
 ])
 def test_bad_arguments_are_value_errors(cluster4, kind, pattern):
     with pytest.raises(RankError, match=pattern):
         cluster4.run(_bad_args, kind)
     assert cluster4.run(_timed, "all_reduce", 8)  # nothing was posted: the cluster is usable
-
-
-def test_relative_fit_is_exact_on_a_line_and_keeps_alpha_when_a_big_size_is_off():
-    from pipelib.comm import lab as pingpong
-
-    sizes = [4**k for k in range(13)]
-    alpha, beta = 50e-6, 2e9
-    times = [alpha + s / beta for s in sizes]
-    for rel in (False, True):
-        a, b = pingpong.fit_alpha_beta(sizes, times, relative=rel)
-        assert a == pytest.approx(alpha, rel=1e-9) and b == pytest.approx(beta, rel=1e-9)
-    noisy = list(times)
-    noisy[11] *= 0.95  # 5% off at 4 MiB moves the plain intercept by 13%, the relative one by 0.1%
-    assert abs(pingpong.fit_alpha_beta(sizes, noisy)[0] / alpha - 1) > 0.1
-    assert pingpong.fit_alpha_beta(sizes, noisy, relative=True)[0] == pytest.approx(alpha, rel=0.01)
-
-
-def test_compare_is_measured_over_predicted():
-    from pipelib.comm import lab as pingpong
-
-    rows = [{"bytes": 1000, "time": 3.0}, {"bytes": 2000, "time": 2.5}]
-    out = pingpong.compare("all_reduce", rows, 2, alpha=0.5, beta=1000.0)
-    # ring all-reduce on 2 ranks: 2 alpha + N / beta
-    assert [o["predicted"] for o in out] == [2.0, 3.0]
-    assert [round(o["error"], 12) for o in out] == [0.5, round(2.5 / 3 - 1, 12)]

@@ -1,10 +1,13 @@
+"""A rank's Device: modelled and measured compute, its memory tracker and beacon wired in."""
 import time
 
 import pytest
 import torch
 
 from pipelib.costmodel import PROFILES, get_profile
-from pipelib.runtime.device import Device, DeviceSpec, MemoryTracker, SimulatedOutOfMemoryError, WallClock
+from pipelib.runtime.beacon import Activity
+from pipelib.runtime.device import Device, DeviceSpec
+from pipelib.runtime.memtrack import SimulatedOutOfMemoryError
 from pipelib.trace import Kind
 
 
@@ -41,26 +44,6 @@ def test_wall_clock_sleeps_to_the_modelled_deadline():
     assert abs(e.duration - 0.2) < 0.01 and abs(real - 0.2) < 0.01
 
 
-def test_saved_activations_counted_and_freed_parameters_excluded():
-    mem = MemoryTracker()
-    lin = torch.nn.Linear(100, 50)
-    mem.track_module(lin)
-    assert mem.bytes["parameters"] == (100 * 50 + 50) * 4
-    x = torch.randn(8, 100)
-    with mem.saved_activations():
-        y = torch.relu(lin(x))  # saves x (input of linear) and the relu output
-    assert mem.bytes["activations"] == (8 * 100 + 8 * 50) * 4
-    y.sum().backward()
-    del y
-    assert mem.bytes["activations"] == 0
-    mem.update_gradients(lin)
-    assert mem.bytes["gradients"] == mem.bytes["parameters"]
-    opt = torch.optim.Adam(lin.parameters())
-    opt.step()
-    mem.update_optimizer(opt)
-    assert mem.bytes["optimizer"] == 2 * mem.bytes["parameters"] + 2 * 4  # exp_avg, exp_avg_sq, 2 steps
-
-
 def test_simulated_out_of_memory_names_rank_need_and_capacity():
     dev = Device(rank=3, spec=DeviceSpec("sim", get_profile("toy-gpu").with_memory(1000), "virtual"))
     x = torch.randn(100, 10, requires_grad=True)
@@ -69,35 +52,6 @@ def test_simulated_out_of_memory_names_rank_need_and_capacity():
             (x.exp() * 2).sum()
     msg = str(err.value)
     assert "rank 3" in msg and "0.00 MiB" in msg and err.value.need > 1000 and err.value.capacity == 1000
-
-
-def test_wallclock_shared_epoch():
-    epoch = time.time() - 5
-    assert WallClock(epoch).now() == pytest.approx(5, abs=0.05)
-
-
-def test_activations_freed_when_the_graph_dies_even_with_retain_graph():
-    """A node that saves its own output (ReLU, sigmoid) must not keep it alive in a cycle.
-
-    Zero-bubble W runs autograd with retain_graph=True; the activations must go when the graph
-    does, not when the garbage collector next runs.
-    """
-    import gc
-
-    mem = MemoryTracker(0)
-    w = torch.randn(32, 32, requires_grad=True)
-    mem.track_module(torch.nn.ParameterList([torch.nn.Parameter(w.detach())]))
-    gc.disable()
-    try:
-        with mem.saved_activations():
-            h = torch.sigmoid(torch.randn(16, 32) @ w)   # sigmoid saves its output
-            loss = h.square().sum()
-        assert mem.bytes["activations"] > 0
-        (g,) = torch.autograd.grad(loss, [w], retain_graph=True)
-        del h, loss, g
-        assert mem.bytes["activations"] == 0
-    finally:
-        gc.enable()
 
 
 def test_saved_activations_counted_on_sim_only_unless_asked():
@@ -120,8 +74,6 @@ def test_saved_activations_counted_on_sim_only_unless_asked():
 
 
 def test_measured_compute_records_its_wall_time_and_restores_the_beacon(tmp_path):
-    from pipelib.runtime.device import Activity
-
     dev = Device(spec=DeviceSpec("cpu"), activity_path=str(tmp_path / "beacon"))
     with dev.activity.doing("running a test"):
         with dev.compute("F", stage=1, microbatch=2):

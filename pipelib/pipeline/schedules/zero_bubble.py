@@ -9,18 +9,17 @@ DualPipeV is DeepSeek-V3's (2024) V-shaped DualPipe, pairing one microbatch's fo
 another's backward so their communication can overlap.
 
 Orders follow torch.distributed.pipelining (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
-ScheduleDualPipeV), so the book can check them against each other. Chapter 13.
+ScheduleDualPipeV), so the book can check them against each other. Each schedule has one entry
+in `registry`. Chapter 13.
 """
 from __future__ import annotations
 
 from collections import Counter
 
-from pipelib.pipeline.schedules import Action, Op, Schedule, _check_sizes, _looped_rank_ops, _rounds
-
-
-def _v_placement(p: int) -> tuple[int, ...]:
-    """Stage s on rank s for s < p, then back down: stage 2p-1-r on rank r (a V)."""
-    return tuple(range(p)) + tuple(reversed(range(p)))
+from pipelib.pipeline.schedules.build import (
+    check_sizes, looped_placement, looped_rank_ops, microbatches_per_round, v_placement,
+)
+from pipelib.pipeline.schedules.ir import Action, Op, Schedule
 
 
 def zero_bubble_h1(p: int, m: int) -> Schedule:
@@ -33,9 +32,9 @@ def zero_bubble_h1(p: int, m: int) -> Schedule:
     flight on any rank, as in 1F1B. Same order as torch's ScheduleInterleavedZeroBubble with one
     stage per rank (its ZB1P).
     """
-    _check_sizes("zero_bubble_h1", p, m)
-    acts = tuple(tuple(_looped_rank_ops(p, m, 1, r, zero_bubble=True)) for r in range(p))
-    return Schedule(acts, p, m, tuple(range(p)), "zb_h1")
+    check_sizes(zero_bubble_h1, p, m)
+    acts = tuple(tuple(looped_rank_ops(p, m, 1, r, zero_bubble=True)) for r in range(p))
+    return Schedule(acts, p, m, tuple(range(p)), name="zb_h1")
 
 
 def interleaved_zero_bubble(p: int, m: int, num_chunks: int = 2) -> Schedule:
@@ -44,11 +43,11 @@ def interleaved_zero_bubble(p: int, m: int, num_chunks: int = 2) -> Schedule:
     Stage s on rank s % p; warm-up (v-1)*round + (p-1-r) forwards. Accepts the same m as
     `interleaved_1f1b`. Same order as torch's ScheduleInterleavedZeroBubble.
     """
-    _check_sizes("interleaved_zero_bubble", p, m, num_chunks)
-    _rounds("interleaved_zero_bubble", p, m)
+    check_sizes(interleaved_zero_bubble, p, m, num_chunks)
+    microbatches_per_round(interleaved_zero_bubble, p, m)
     v = num_chunks
-    acts = tuple(tuple(_looped_rank_ops(p, m, v, r, zero_bubble=True)) for r in range(p))
-    return Schedule(acts, p * v, m, tuple(s % p for s in range(p * v)), "interleaved_zero_bubble")
+    acts = tuple(tuple(looped_rank_ops(p, m, v, r, zero_bubble=True)) for r in range(p))
+    return Schedule(acts, p * v, m, looped_placement(p, v), name="interleaved_zero_bubble")
 
 
 class _Emitter:
@@ -98,9 +97,9 @@ def zbv(p: int, m: int) -> Schedule:
     Same order as torch's ScheduleZBVZeroBubble (any m >= 1; for m < 2p-1 it plans 2p-1
     microbatches and drops the extra ones, as torch does).
     """
-    _check_sizes("zbv", p, m)
+    check_sizes(zbv, p, m)
     acts = tuple(tuple(_zbv_rank_ops(p, m, r)) for r in range(p))
-    return Schedule(acts, 2 * p, m, _v_placement(p), "zbv")
+    return Schedule(acts, 2 * p, m, v_placement(p), name="zbv")
 
 
 def _dualpipe_v_rank_ops(p: int, m: int, r: int) -> list[Action]:
@@ -151,9 +150,9 @@ def dualpipe_v(p: int, m: int) -> Schedule:
     The cool-down splits backwards into I and W to fill the drain. Needs m >= 2p.
     Same order as torch's ScheduleDualPipeV, with the overlapped pairs written out.
     """
-    _check_sizes("dualpipe_v", p, m)
+    check_sizes(dualpipe_v, p, m)
     if m < 2 * p:
         raise ValueError(f"dualpipe_v: num_microbatches m={m} < 2p = {2 * p} (p={p}); DualPipeV "
                          f"needs at least as many microbatches as stages: use m >= {2 * p}")
     acts = tuple(tuple(_dualpipe_v_rank_ops(p, m, r)) for r in range(p))
-    return Schedule(acts, 2 * p, m, _v_placement(p), "dualpipe_v")
+    return Schedule(acts, 2 * p, m, v_placement(p), name="dualpipe_v")

@@ -1,4 +1,5 @@
-"""pipelib.hardware: roofline arithmetic exact, measurements positive and sane, a live ping-pong."""
+"""pipelib.hardware: roofline arithmetic exact, measurements positive and sane, a live ping-pong;
+the figures of pipelib.viz.hardware build."""
 import math
 import os
 
@@ -29,9 +30,9 @@ def test_roofline_matches_the_costmodel_profile():
     assert round(hw.Roofline.from_profile("h100").ridge) == 295  # 989e12 / 3.35e12
 
 
-def test_op_intensity_and_roofline_from_ops():
-    mm = hw.Op("matmul", flops=2 * 64**3, nbytes=3 * 64 * 64 * 4, seconds=1e-3)
-    add = hw.Op("add", flops=1000, nbytes=12000, seconds=1e-6)
+def test_measured_op_intensity_and_roofline_from_ops():
+    mm = hw.MeasuredOp("matmul", flops=2 * 64**3, nbytes=3 * 64 * 64 * 4, seconds=1e-3)
+    add = hw.MeasuredOp("add", flops=1000, nbytes=12000, seconds=1e-6)
     assert mm.intensity == pytest.approx(64 * 2 / 12)  # 2n^3 / (12 n^2) = n / 6
     assert mm.achieved == 2 * 64**3 / 1e-3
     assert add.bandwidth == 12000 / 1e-6
@@ -113,10 +114,12 @@ def test_best_time_takes_the_fastest_repeat():
 
 
 def test_figures_build():
-    ops = [hw.Op("a", 10, 1, 1e-9), hw.Op("b", 1, 10, 1e-9)]
-    fig = hw.roofline_figure([hw.Roofline("r", 1e10, 1e9)], ops)
+    from pipelib.viz.hardware import bandwidth_figure, roofline_figure
+
+    ops = [hw.MeasuredOp("a", 10, 1, 1e-9), hw.MeasuredOp("b", 1, 10, 1e-9)]
+    fig = roofline_figure([hw.Roofline("r", 1e10, 1e9)], ops)
     assert len(fig.data) == 2 and fig.layout.xaxis.type == "log"
-    curve_fig = hw.bandwidth_figure([(1024, 1e10), (2048, 2e10)], caches=((1, "Data", 48 * 1024),))
+    curve_fig = bandwidth_figure([(1024, 1e10), (2048, 2e10)], caches=((1, "Data", 48 * 1024),))
     assert len(curve_fig.data) == 1
 
 
@@ -127,7 +130,7 @@ def test_pingpong_between_two_cpu_engines():
 
     sizes = [8, 4096, MiB]
     with Cluster(2, device="cpu", timeout=30) as cluster:
-        results = cluster.run(hw.pingpong, sizes, 3)
+        results = cluster.run(hw.pingpong_times, sizes, 3)
     assert results[1] is None
     times = results[0]
     # small messages are sampled 8x more (a busy machine's best case needs more tries)

@@ -1,14 +1,14 @@
 """Communication figures are drawn from SEND events: arrows follow the messages, steps replay
 the collective, sweeps show measured bandwidth. Pure: events are built here as the
-collectives label them (see tests/test_collectives.py for the same on a live cluster)."""
+collectives label them (see tests/comm/test_collectives.py for the same on a live cluster)."""
 import math
 
 import pytest
 
 from pipelib.viz.display import figure_bundle
 from pipelib.trace import Event, Kind, Trace
-from pipelib.viz.comm import (collective_animation, message_steps, replay, step_moves,
-                               sweep_bandwidth_figure, sweep_figure)
+from pipelib.viz.comm import (collective_animation, message_steps, replay, size_sweep_bandwidth_figure,
+                              size_sweep_figure, step_moves)
 
 
 def _send(rank, peer, label, nbytes=8):
@@ -118,23 +118,23 @@ def test_animation_refuses_a_trace_without_the_collective():
 
 def test_bandwidth_sweep_divides_bytes_by_time_and_marks_lines_on_both_panels():
     sizes, times = [1000, 10**6], [1e-3, 2e-3]
-    fig = sweep_bandwidth_figure({"ours": (sizes, times)}, {"model": (sizes, [5e-4, 1e-3])},
-                                 vlines={"crossover": 10**4})
+    fig = size_sweep_bandwidth_figure({"ours": (sizes, times)}, {"model": (sizes, [5e-4, 1e-3])},
+                                      vlines={"crossover": 10**4})
     ours_bw = [t for t in fig.data if t.name == "ours" and t.xaxis == "x2"][0]
     assert list(ours_bw.y) == pytest.approx([1e-3, 0.5])               # GB/s = bytes / s / 1e9
     assert [t.showlegend for t in fig.data if t.name == "ours"] == [None, False]  # one legend entry
     # plotly.js: a shape on a log axis in data units, an annotation in log10 units
     assert [(s.x0, s.x1, s.xref) for s in fig.layout.shapes] == [(10**4, 10**4, "x"), (10**4, 10**4, "x2")]
     assert [(a.x, a.xref) for a in fig.layout.annotations if a.text == "crossover"] == [(4.0, "x")]
-    b1, b2 = figure_bundle(fig), figure_bundle(sweep_bandwidth_figure(
+    b1, b2 = figure_bundle(fig), figure_bundle(size_sweep_bandwidth_figure(
         {"ours": (sizes, times)}, {"model": (sizes, [5e-4, 1e-3])}, vlines={"crossover": 10**4}))
     assert b1 == b2
 
 
-def test_sweep_figure_keeps_its_old_signature():
-    fig = sweep_figure({"a": ([1, 10], [1.0, 2.0])}, None, "t", "s")
+def test_size_sweep_figure_keeps_its_old_signature():
+    fig = size_sweep_figure({"a": ([1, 10], [1.0, 2.0])}, None, "t", "s")
     assert list(fig.data[0].y) == [1.0, 2.0] and not fig.layout.shapes
-    fig = sweep_figure({"a": ([1, 1000], [1.0, 2.0])}, vlines={"x": 100})
+    fig = size_sweep_figure({"a": ([1, 1000], [1.0, 2.0])}, vlines={"x": 100})
     assert fig.layout.shapes[0].x0 == 100 and math.isclose(fig.layout.annotations[0].x, 2.0)
 
 

@@ -1,7 +1,7 @@
 """Point-to-point: checked messages, clear errors naming rank and value, counters, batches."""
 import pytest
 
-from pipelib.runtime.cluster import RankError
+from pipelib.runtime.errors import RankError
 
 pytestmark = pytest.mark.cluster
 
@@ -25,7 +25,7 @@ def _bad_peer(kind):
 @pytest.mark.parametrize("kind,pattern", [
     ("outside", r"rank 1 raised ValueError: rank 1: send peer 7 is outside the group \(group ranks are 0\.\.3\)"),
     ("self", r"rank 1: recv to itself \(peer 1 is this rank"),
-    ("tag", r"tag must be an int >= 0, got -1"),
+    ("tag", r"rank 1: tag=-1; pass an integer >= 0 \(a send and its receive must use the same tag\)"),
 ])
 def test_bad_peer_names_rank_and_value(cluster4, kind, pattern):
     with pytest.raises(RankError, match=pattern):
@@ -101,16 +101,16 @@ def test_exchanges_batches_order_and_counters(cluster4):
 
 
 def _pingpong_sim():
-    from pipelib.comm import lab as pingpong
+    from pipelib.comm import lab
 
-    return pingpong.pingpong([1, 1024, 2**20], repeats=2)
+    return lab.pingpong([1, 1024, 2**20], repeats=2)
 
 
 def test_alpha_beta_fit_is_exact_on_sim(cluster4):
-    from pipelib.comm import lab as pingpong
+    from pipelib.comm.alphabeta import fit_alpha_beta
     from pipelib.costmodel import PROFILES
 
     link = PROFILES["toy-gpu"].link
     rows = cluster4.run(_pingpong_sim)[0]
-    alpha, beta = pingpong.fit_alpha_beta([r["bytes"] for r in rows], [r["time"] for r in rows])
+    alpha, beta = fit_alpha_beta([r["bytes"] for r in rows], [r["time"] for r in rows])
     assert alpha == pytest.approx(link.alpha, rel=1e-9) and beta == pytest.approx(link.beta, rel=1e-9)

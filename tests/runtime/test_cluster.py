@@ -9,17 +9,19 @@ import psutil
 import pytest
 
 from leftovers import cluster_processes
-from pipelib.runtime.cluster import Cluster, RankDiedError, RankError, RankTimeoutError
-from pipelib.runtime.device import SimulatedOutOfMemoryError
+from pipelib.runtime.cluster import Cluster
+from pipelib.runtime.errors import RankDiedError, RankError, RankTimeoutError
+from pipelib.runtime.memtrack import SimulatedOutOfMemoryError
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(world_size=0), "world_size must be between 1 and 64, got 0"),
-    (dict(world_size=-2), "got -2"),
-    (dict(world_size=2.5), "world_size must be an int, got 2.5"),
-    (dict(world_size=True), "got True"),
+    (dict(world_size=0), r"Cluster: world_size=0; pass an integer >= 1"),
+    (dict(world_size=-2), r"world_size=-2; pass an integer >= 1"),
+    (dict(world_size=2.5), r"world_size=2\.5; pass an integer >= 1"),
+    (dict(world_size=True), r"world_size=True; pass an integer >= 1"),
+    (dict(world_size=65), r"world_size=65; pass at most 64"),
     (dict(world_size=2, device="tpu"), "unknown device 'tpu'"),
     (dict(world_size=2, profile="b200-typo"), "unknown device profile 'b200-typo'"),
     (dict(world_size=2, clock="lunar"), "unknown clock 'lunar'"),
@@ -175,6 +177,17 @@ def test_killed_engine_mid_collective_names_the_rank_fast():
         c.restart()
         assert c.run(_raise_on, -1) == [0, 1, 2]
     assert c.client is None
+
+
+def test_a_stopped_cluster_leaves_the_live_registry():
+    c = Cluster(1, timeout=10)
+    try:
+        assert c in Cluster.live and c.running
+    finally:
+        c.stop()
+    assert c not in Cluster.live and c.client is None
+    c.stop()  # idempotent
+    assert c not in Cluster.live
 
 
 def _wall_padded():

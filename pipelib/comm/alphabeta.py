@@ -1,0 +1,149 @@
+"""The alpha-beta model of the collectives: their names, exact bytes, predicted times, the fit.
+
+A message of n bytes takes t(n) = alpha + n / beta (Hockney 1994): alpha, the latency,
+dominates small messages; beta, the bandwidth, large ones. `fit_alpha_beta` fits both to a
+ping-pong or a ring step (`pipelib.comm.lab` measures them), and from them `predicted_time`
+gives the time of every collective of `pipelib.comm.collectives` (Thakur, Rabenseifner &
+Gropp 2005), without the reduction's compute unless `gamma` is given.
+
+n is the size of the group; N is the tensor's bytes. Chunked collectives split dim 0 with
+`torch.tensor_split` semantics (the first ``len % n`` chunks are one row longer, `chunk_sizes`),
+so any size works. Bytes sent per rank (exact: `expected_bytes`, the tests check them against
+the counters) and time (divisible sizes):
+
+=====================  =============================  ==========================================
+collective             bytes sent by one rank         time (divisible sizes)
+=====================  =============================  ==========================================
+broadcast (tree)       N x children in the tree       ceil(log2 n) (alpha + N/beta)
+reduce (tree)          N (0 on the root)              ceil(log2 n) (alpha + N/beta)
+all_reduce_naive       (n-1) N                        (n-1) (alpha + N/beta)
+all_reduce (ring)      2 (n-1)/n N                    2(n-1) alpha + 2(n-1)/n N/beta
+reduce_scatter (ring)  (n-1)/n N                      (n-1) alpha + (n-1)/n N/beta
+all_gather (ring)      (n-1) N   (N = one input)      (n-1) (alpha + N/beta)
+all_to_all (pairwise)  (n-1)/n N                      (n-1) alpha + (n-1)/n N/beta
+=====================  =============================  ==========================================
+
+`NAMES` is the one tuple of the collectives' names (the lab, the agreement check and the
+figures use it) and `OPS` the one tuple of reduction ops.
+
+Pure: imports nothing but the standard library (no torch), so figures and planners can predict
+without starting a process (a test checks). Introduced in chapter 05 (the fit) and chapter 06
+(the collectives' formulas, `compare`).
+"""
+from __future__ import annotations
+
+import math
+
+NAMES = ("broadcast", "reduce", "all_reduce_naive", "all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+OPS = ("sum", "avg", "max", "min")
+
+
+def check_name(name: str) -> str:
+    """`name` if it is one of `NAMES`; else a ValueError that lists them."""
+    if name not in NAMES:
+        raise ValueError(f"unknown collective {name!r}; use one of {NAMES}")
+    return name
+
+
+def tree_steps(n: int) -> int:
+    """Steps of a binomial tree on n ranks: ceil(log2 n) (0 on one rank)."""
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+# ------------------------------------------------------------------ exact byte counts
+def chunk_sizes(length: int, n: int) -> list[int]:
+    """Rows per chunk under torch.tensor_split: the first length % n chunks get one more."""
+    q, r = divmod(length, n)
+    return [q + 1 if i < r else q for i in range(n)]
+
+
+def expected_bytes(name: str, shape, itemsize: int, n: int, rank: int, root: int = 0) -> int:
+    """Bytes group rank `rank` sends in collective `name` (the table above, exactly)."""
+    check_name(name)
+    shape = tuple(shape) or (1,)
+    numel = math.prod(shape)
+    N = numel * itemsize
+    if n == 1:
+        return 0
+    if name == "broadcast":
+        v = (rank - root) % n
+        return N * sum(1 for k in range(tree_steps(n)) if v < (1 << k) and v + (1 << k) < n)
+    if name == "reduce":
+        return 0 if rank == root else N
+    if name in ("all_reduce_naive", "all_gather"):
+        return (n - 1) * N
+    if name == "all_reduce":
+        sz = chunk_sizes(numel, n)
+        return (2 * numel - sz[rank] - sz[(rank + 1) % n]) * itemsize
+    row = numel // shape[0] * itemsize if shape[0] else 0  # reduce_scatter, all_to_all
+    return (shape[0] - chunk_sizes(shape[0], n)[rank]) * row
+
+
+# ------------------------------------------------------------------ predicted times
+def predicted_time(name: str, nbytes: int, n: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Alpha-beta time of collective `name` on n ranks for an N-byte tensor (divisible sizes;
+    all_gather: N is one rank's input). `gamma` (seconds per byte reduced, default 0: the
+    textbook model ignores the reduction's compute) adds the local reductions on the critical
+    path: (n-1)/n N for the rings, (n-1) N for the naive ring, ceil(log2 n) N for the tree
+    (Thakur, Rabenseifner & Gropp 2005). A simulated device does not model it: gamma = 0."""
+    check_name(name)
+    if n == 1:
+        return 0.0
+    steps = tree_steps(n)
+    return {
+        "broadcast": steps * (alpha + nbytes / beta),
+        "reduce": steps * (alpha + nbytes / beta + nbytes * gamma),
+        "all_reduce_naive": (n - 1) * (alpha + nbytes / beta + nbytes * gamma),
+        "all_reduce": 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / beta + (n - 1) / n * nbytes * gamma,
+        "reduce_scatter": (n - 1) * alpha + (n - 1) / n * nbytes / beta + (n - 1) / n * nbytes * gamma,
+        "all_gather": (n - 1) * (alpha + nbytes / beta),
+        "all_to_all": (n - 1) * alpha + (n - 1) / n * nbytes / beta,
+    }[name]
+
+
+def predict_collectives(nbytes: int, n: int, alpha: float, beta: float) -> dict[str, float]:
+    """Alpha-beta time of every from-scratch collective for an N-byte tensor on n ranks."""
+    return {k: predicted_time(k, nbytes, n, alpha, beta) for k in NAMES}
+
+
+def message_times(nbytes, alpha: float, beta: float) -> list[float]:
+    """The fitted line at each size: alpha + n / beta seconds for a message of n bytes."""
+    return [alpha + n / beta for n in nbytes]
+
+
+# ------------------------------------------------------------------ fitting and comparing
+def fit_alpha_beta(nbytes, times, *, relative: bool = False) -> tuple[float, float]:
+    """Least squares of t = alpha + n / beta; returns (alpha seconds, beta bytes/s).
+
+    Ordinary least squares weighs the big messages most, which is what beta needs; alpha comes
+    out of the intercept (chapter 05 shows the residuals), and on a noisy machine it can come
+    out tiny or even negative. ``relative=True`` minimises the *relative* residuals instead
+    (weights 1/t^2): every size counts alike, so alpha is set by the small messages and beta by
+    the large ones; that is the fit to predict times across sizes within a percentage (ch. 06)."""
+    xs, ys = [float(x) for x in nbytes], [float(y) for y in times]
+    if len(xs) < 2 or len(set(xs)) < 2:
+        raise ValueError(f"need at least two different message sizes to fit alpha and beta, got {xs}")
+    if relative and min(ys) <= 0:
+        raise ValueError(f"a relative fit needs positive times, got {ys}")
+    ws = [1.0 / y**2 for y in ys] if relative else [1.0] * len(ys)
+    sw = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs)) / sw
+    my = sum(w * y for w, y in zip(ws, ys)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx
+    if slope <= 0:
+        raise ValueError(f"time does not grow with size (slope {slope:.3g} s/B): measure larger messages")
+    return my - slope * mx, 1.0 / slope
+
+
+def compare(name: str, rows: list[dict], n: int, alpha: float, beta: float, gamma: float = 0.0) -> list[dict]:
+    """Measured (rows of `pipelib.comm.lab.measure_collective`) beside the alpha-beta(-gamma)
+    prediction of `predicted_time`: bytes, measured, predicted, error = measured / predicted - 1
+    (positive: slower than the model). On real cores ``gamma = 1 / rate`` of
+    `pipelib.comm.lab.reduce_rate` adds the bytes each rank reduces (Thakur et al. 2005)."""
+    out = []
+    for r in rows:
+        p = predicted_time(name, r["bytes"], n, alpha, beta, gamma)
+        out.append({"bytes": r["bytes"], "measured": r["time"], "predicted": p,
+                    "error": r["time"] / p - 1 if p > 0 else float("nan")})
+    return out

@@ -1,0 +1,73 @@
+"""The classic schedules: naive, GPipe, 1F1B and interleaved 1F1B, as pure functions of integers.
+
+p = ranks (the stages of a plain pipeline), m = num_microbatches, v = num_chunks (stages per
+rank of a looped schedule). Each returns a `Schedule`; its bubble and memory are computed by
+`pipelib.pipeline.simulate`, never written in. Each has one entry in `registry` (its name, its
+torch class, its closed-form bubble). The orders equal torch.distributed.pipelining's.
+
+Introduced in chapter 10 (naive), 11 (GPipe) and 12 (1F1B, interleaved).
+"""
+from __future__ import annotations
+
+from pipelib.pipeline.schedules.build import (
+    check_sizes, looped_placement, looped_rank_ops, microbatches_per_round, plain_schedule,
+)
+from pipelib.pipeline.schedules.ir import Action, Op, Schedule
+
+
+def naive(p: int, m: int) -> Schedule:
+    """Stop and wait: microbatch j+1 enters only after microbatch j came all the way back.
+
+    Every rank runs F j then B j for j = 0..m-1; the dependencies do the rest, so one rank
+    works at a time and the bubble is (p-1)/p whatever m is (chapter 10).
+    """
+    check_sizes(naive, p, m)
+    return plain_schedule(p, m, lambda r: [Action(r, op, j) for j in range(m) for op in (Op.F, Op.B)],
+                          name="naive")
+
+
+def gpipe(p: int, m: int) -> Schedule:
+    """GPipe (Huang et al. 2019): all m forwards, then all m backwards, on every rank.
+
+    Bubble (p-1)/(m+p-1) of the step; every rank holds the activations of all m microbatches
+    at the turn. Backwards run in microbatch order 0..m-1, as in torch's ScheduleGPipe.
+    """
+    check_sizes(gpipe, p, m)
+    return plain_schedule(p, m, lambda r: [Action(r, Op.F, j) for j in range(m)]
+                          + [Action(r, Op.B, j) for j in range(m)], name="gpipe")
+
+
+def one_f_one_b(p: int, m: int) -> Schedule:
+    """1F1B / PipeDream-Flush (Narayanan et al. 2021): same bubble as GPipe, memory of p.
+
+    Rank r runs min(p-r-1, m) warm-up forwards, then alternates one forward and one backward,
+    then drains the remaining backwards. It starts backwards as soon as it can, so it holds at
+    most min(p-r, m) microbatches' activations (GPipe: m). Same order as torch's Schedule1F1B.
+    """
+    check_sizes(one_f_one_b, p, m)
+
+    def rank_ops(r: int) -> list[Action]:
+        warmup = min(p - r - 1, m)
+        ops = [Action(r, Op.F, j) for j in range(warmup)]
+        for j in range(m - warmup):
+            ops += [Action(r, Op.F, warmup + j), Action(r, Op.B, j)]
+        return ops + [Action(r, Op.B, j) for j in range(m - warmup, m)]
+
+    return plain_schedule(p, m, rank_ops, name="1f1b")
+
+
+def interleaved_1f1b(p: int, m: int, num_chunks: int = 2) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al., SC'21): v = num_chunks stages per rank, looped.
+
+    Stage s lives on rank s % p. Each rank's share of the model is cut into v chunks, so a
+    forward costs 1/v as much and the warm-up bubble shrinks by v: (p-1)/(v*m + p-1) of the step
+    instead of (p-1)/(m+p-1) once m >= p, for v times more messages. Same order as torch's
+    ScheduleInterleaved1F1B, including its accepted m: m must be a multiple of
+    max(1, m // p) (so every multiple of p, and every m <= p). With v = 1 this is 1F1B with a
+    deeper warm-up of 2(p-1-r) forwards, as in torch.
+    """
+    check_sizes(interleaved_1f1b, p, m, num_chunks)
+    microbatches_per_round(interleaved_1f1b, p, m)
+    v = num_chunks
+    acts = tuple(tuple(looped_rank_ops(p, m, v, r, zero_bubble=False)) for r in range(p))
+    return Schedule(acts, p * v, m, looped_placement(p, v), name="interleaved_1f1b")

@@ -1,0 +1,90 @@
+"""The shape handshake before a pipeline step: each rank learns the shapes of what it receives.
+
+The receiver of a message must allocate its buffer, so it must know the shape and dtype. Once
+per step (or once per `shapes` cache, `execute(shapes=...)`), before any timing, the rank of
+stage s tells the rank of stage s+1 the shape of stage s's output: one small int64 message of
+`SPEC_LEN` numbers (dtype code, ndim, sizes), untimed and untraced, as
+torch.distributed.pipelining infers shapes on its first step. Chapter 10.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from pipelib.comm import p2p as comms
+from pipelib.runtime.device import current
+from pipelib.pipeline.schedules import Schedule
+
+__all__ = ["exchange_shapes", "cached_shapes"]
+
+_DTYPES = comms.DTYPES          # one dtype table: the codes of p2p's message headers
+SPEC_LEN = 10                   # dtype code, ndim, up to 8 sizes
+SHAPE_TAG = 1 << 20             # tags of the shape handshake, apart from the step's messages
+
+
+def _encode(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() > SPEC_LEN - 2 or t.dtype not in _DTYPES:
+        raise ValueError(f"stage outputs must be tensors of at most {SPEC_LEN - 2} dims and dtype "
+                         f"in {_DTYPES}, got {tuple(t.shape)} {t.dtype}")
+    spec = [_DTYPES.index(t.dtype), t.dim(), *t.shape]
+    return torch.tensor(spec + [0] * (SPEC_LEN - len(spec)), dtype=torch.int64)
+
+
+def _decode(spec: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    code, ndim, *sizes = spec.tolist()
+    return tuple(sizes[:ndim]), _DTYPES[code]
+
+
+def exchange_shapes(s: Schedule, mine: dict, rank: int, group, first_input):
+    """(in_spec, out_spec): {stage: (shape, dtype)} of my stages' inputs and outputs.
+
+    Stages are visited in increasing order: stage s learns its input shape from stage s-1's rank
+    (or from stage s-1 on this rank, or from `first_input` for stage 0), runs a forward on
+    zeros without autograd and tells stage s+1's rank. `mine` maps stage -> `Stage`.
+    """
+    out, in_spec, handles = {}, {}, []
+    for stage_id in sorted(mine):
+        prev = s.stage_to_rank[stage_id - 1] if stage_id > 0 else None
+        if stage_id == 0:
+            x = first_input
+        elif prev == rank:
+            shape, dtype = out[stage_id - 1]
+            x = torch.zeros(shape, dtype=dtype)
+        else:
+            spec = torch.empty(SPEC_LEN, dtype=torch.int64)
+            src = prev if group is None else dist.get_global_rank(group, prev)
+            with current().activity.doing(f"recv the shape of stage {stage_id - 1}'s output "
+                                          f"from rank {src} (before the step)"):
+                dist.recv(spec, src, group=group, tag=SHAPE_TAG + stage_id)
+            shape, dtype = _decode(spec)
+            x = torch.zeros(shape, dtype=dtype)
+        in_spec[stage_id] = (tuple(x.shape), x.dtype)
+        if stage_id == s.num_stages - 1:
+            continue
+        with torch.no_grad():
+            y = mine[stage_id].module(x)
+        out[stage_id] = (tuple(y.shape), y.dtype)
+        nxt = s.stage_to_rank[stage_id + 1]
+        if nxt != rank:
+            dst = nxt if group is None else dist.get_global_rank(group, nxt)
+            handles.append(dist.isend(_encode(y), dst, group=group, tag=SHAPE_TAG + stage_id + 1))
+    for work in handles:
+        work.wait()
+    return in_spec, out
+
+
+def cached_shapes(s: Schedule, mine: dict, rank: int, group, first_input, cache: dict | None):
+    """`exchange_shapes`, or its result kept in `cache` from an earlier step of the same stages.
+
+    The rank of stage 0 checks that its microbatch shape is the one the cache was filled with.
+    """
+    if cache is None:
+        return exchange_shapes(s, mine, rank, group, first_input)
+    first = None if first_input is None else (tuple(first_input.shape), first_input.dtype)
+    key = (s, rank)
+    if key not in cache:
+        cache[key] = (first, *exchange_shapes(s, mine, rank, group, first_input))
+    elif cache[key][0] != first:
+        raise ValueError(f"execute: rank {rank}: microbatches of {first} but the shapes kept in "
+                         f"`shapes` are for {cache[key][0]}; pass a fresh dict when the batch shape changes")
+    return cache[key][1:]

@@ -1,0 +1,37 @@
+"""A cluster's arguments, checked before any process starts.
+
+A typo in a device, profile or clock name, a world size of 0 or more GPUs than the machine has
+would otherwise surface seconds later, as an engine failing to start. Here each costs nothing
+but a ValueError that names the value given and what to pass instead.
+
+Introduced in chapter 04.
+"""
+from __future__ import annotations
+
+from pipelib.checks import check_int
+from pipelib.runtime.device import DeviceSpec
+
+MAX_WORLD_SIZE = 64  # engines on one machine; more would only wait for the same few cores
+DEFAULT_TIMEOUT = 60.0  # seconds for one `Cluster.run` and one torch.distributed operation
+
+
+def validate_args(world_size, device, profile, clock, timeout, track_memory=None) -> DeviceSpec:
+    """The `DeviceSpec` every rank will hold, once every argument is checked; else a ValueError
+    naming the bad value."""
+    check_int(world_size, "world_size", context="Cluster", hint="ranks, one engine each")
+    if world_size > MAX_WORLD_SIZE:
+        raise ValueError(f"Cluster: world_size={world_size}; pass at most {MAX_WORLD_SIZE} "
+                         f"(ranks, one engine each, all on this machine)")
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    spec = DeviceSpec(device, profile, clock, track_memory)
+    if device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < world_size:
+            raise ValueError(
+                f"device='cuda' needs one GPU per rank: world_size={world_size} but this machine "
+                f"has {have} GPU(s). Use world_size <= {have}, or device='sim' to simulate GPUs."
+            )
+    return spec

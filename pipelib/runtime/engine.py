@@ -1,0 +1,98 @@
+"""What runs on the engines: each rank's start-up, and the wrappers `Cluster.run` sends.
+
+An engine is a bare ipyparallel kernel; `Cluster.start` turns it into rank r of world_size:
+same import path and working directory as the notebook, one thread (4-8 engines share 2 cores
+sanely), its `Device` (`pipelib.runtime.device.current()`), a thread that exits if the kernel
+disappears, then `torch.distributed` (gloo for ``sim`` and ``cpu``, NCCL for ``cuda``).
+
+These functions are pickled by reference, so they live in a module the engines import at start
+(the cluster's `--IPEngine.startup_command` names this one). The notebook process imports it
+too, but nothing here imports torch until it runs on an engine.
+
+Introduced in chapter 04.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+from pipelib.runtime.device import Device, current, set_current
+from pipelib.runtime.watchdog import kernel_alive
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for torch.distributed's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, parent_pid, parent_ctime,
+                 sys_path, cwd):
+    """Runs on each engine: import path, device, parent watch, then torch.distributed."""
+    import gc
+    import threading
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    # Same import path and working directory as the notebook: functions defined in a module
+    # beside it (or in a test module) are pickled by reference and must import on the engine.
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    os.chdir(cwd)
+    torch.set_num_threads(1)
+    dev = set_current(Device(rank, world_size, spec, epoch, activity_path))
+
+    def watch_parent():  # second line of defence behind the watchdog
+        while kernel_alive(parent_pid, parent_ctime):
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch_parent, daemon=True, name="pipelib-parent-watch").start()
+    backend = "nccl" if spec.kind == "cuda" else "gloo"
+    with dev.activity.doing(f"init_process_group({backend})"):
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout))
+    # torch's import leaves ~200k objects for every full collection to scan again (10-17 ms,
+    # measured, on one rank in the middle of a pipeline step, where the others wait for it):
+    # move them out of the collector's sight, as long-running services do (gc.freeze)
+    gc.collect()
+    gc.freeze()
+    if spec.kind == "sim":  # only simulated ops count FLOPs; real ones must not be disturbed
+        threading.Thread(target=_warm_flop_counter, daemon=True, name="pipelib-warm").start()
+    return {"pid": os.getpid(), "host": socket.gethostname(), "backend": backend,
+            "threads": torch.get_num_threads(), "device": str(dev.torch_device)}
+
+
+def _warm_flop_counter():
+    """The first FlopCounterMode imports torch._dynamo and sympy (2-4 s of CPU): do it now.
+
+    A simulated op without a given duration counts its FLOPs; the first one on a fresh engine
+    would otherwise take seconds, enough to trip a short timeout. Only imports, in a thread
+    while the engine waits: an op that needs them meanwhile waits on the import lock.
+    """
+    try:
+        import torch._dynamo  # noqa: F401
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+    except Exception:  # pragma: no cover - a warm-up only
+        pass
+
+
+def _run_on_rank(fn, args, kwargs):
+    """`Cluster.run`'s wrapper: the beacon says which function runs while it runs.
+
+    Its last line is where `pipelib.runtime.errors` cuts a remote traceback: keep it one call."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    with current().activity.doing(f"running {name}"):
+        return fn(*args, **kwargs)
+
+
+def _take_events():
+    return current().tracer.take()
+
+
+def _reset_device():
+    current().reset()
