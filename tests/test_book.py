@@ -55,6 +55,8 @@ CHROMIUM_OWN_HOSTS = {
     "update.googleapis.com", "clients2.google.com", "accounts.google.com",
     "optimizationguide-pa.googleapis.com", "safebrowsing.googleapis.com",
     "clientservices.googleapis.com", "redirector.gvt1.com", "edgedl.me.gvt1.com",
+    # Chromium 150 preconnects to its default search engine and sign-in, even for a data: URL
+    "www.google.com", "android.clients.google.com",
 }
 
 # <script src="http..."> <link href="//..."> and the like, in any attribute order
@@ -312,7 +314,8 @@ def test_browser_draws_figures_math_and_widgets(chromium, browser_page, local_se
     cmd = [
         chromium, "--headless", "--no-sandbox", "--disable-gpu",
         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+        "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dns-prefetch-disable",
+        "--disable-features=NetworkTimeServiceQuerying,NetworkPrediction,PreconnectToSearch,MediaRouter",
         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
         # whatever still asks for an outside host goes to the trap, which records and refuses it
         f"--proxy-server=http://127.0.0.1:{trap_port}",
