@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipelib.checks import check_int
+from pipelib.checks import check_int, is_int_at_least
 from pipelib.comm.message import (DTYPE_CODE, DTYPES, HEADER_DTYPE, HEADER_LEN, Handle,
                                   MessageMismatchError, device_counters)
 from pipelib.runtime.device import current
@@ -53,7 +53,7 @@ def _check_peer(peer: int, group, what: str) -> int:
     me = dist.get_rank(group)
     if me < 0:
         raise ValueError(f"rank {dist.get_rank()}: {what} on a group this rank is not part of")
-    if isinstance(peer, bool) or not isinstance(peer, int) or not 0 <= peer < size:
+    if not is_int_at_least(peer, 0) or peer >= size:
         raise ValueError(f"rank {dist.get_rank()}: {what} peer {peer!r} is outside the group "
                          f"(group ranks are 0..{size - 1})")
     if peer == me:

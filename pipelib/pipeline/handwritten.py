@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipelib.comm import p2p as comms
+from pipelib.checks import check_int
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
 from pipelib.pipeline.executor import execute
@@ -40,8 +41,7 @@ _ACT, _GRAD = 0, 1  # message tags: activations flow up the ranks, gradients dow
 
 
 def _check_stages(num_stages, world_size: int) -> None:
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise ValueError(f"num_stages={num_stages!r}; pass an integer >= 1")
+    check_int(num_stages, "num_stages")
     if num_stages > world_size:
         raise ValueError(f"num_stages={num_stages} stages need {num_stages} ranks but the group "
                          f"has {world_size}; use num_stages <= {world_size}")
@@ -123,13 +123,11 @@ class ShardedMLP:
 
 
 def _check_steps(steps) -> None:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}; pass an integer >= 1 (training steps to run)")
+    check_int(steps, "steps", hint="training steps to run")
 
 
 def _microbatches(x, y, m: int):
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"num_microbatches={m!r}; pass an integer >= 1")
+    check_int(m, "num_microbatches")
     if len(y) % m:
         raise ValueError(f"a batch of {len(y)} rows cannot be split into m={m} equal microbatches; "
                          f"use a batch size that is a multiple of {m}")

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
+from pipelib.checks import check_int, is_int_at_least
 from pipelib.runtime.device import current
 
 BALANCES = ("layers", "cost")
@@ -75,8 +76,7 @@ def partition(num_layers: int, num_stages: int, balance="layers",
     `costs`, one number per layer), or a list of layer counts per stage (torchgpipe's
     `balance=`).
     """
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-        raise ValueError(f"num_stages={num_stages!r}; pass an integer >= 1")
+    check_int(num_stages, "num_stages")
     if num_stages > num_layers:
         raise ValueError(f"cannot split {num_layers} layers into num_stages={num_stages} stages: "
                          f"every stage needs at least one layer; use num_stages <= {num_layers} "
@@ -95,7 +95,7 @@ def partition(num_layers: int, num_stages: int, balance="layers",
     else:
         sizes = list(balance)
         if (len(sizes) != num_stages or sum(sizes) != num_layers
-                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)):
+                or not all(is_int_at_least(s) for s in sizes)):
             raise ValueError(f"balance={sizes} must list num_stages={num_stages} positive layer "
                              f"counts summing to num_layers={num_layers}")
     bounds, start = [], 0

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pipelib.checks import check_int
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
 from pipelib.pipeline.executor import execute
@@ -88,8 +89,7 @@ def timed_steps(step: Callable, modules, steps: int, group=None) -> tuple[object
     is its own share of the step (the step time is the slowest rank's). The first step of a
     pipeline pays one-off costs (shape handshake, torch's shape inference): drop it when timing.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r}; pass an integer >= 1")
+    check_int(steps, "steps")
     out, times = None, []
     for _ in range(steps):
         for mod in modules:

@@ -71,9 +71,9 @@ class Device:
         self.spec = spec
         self.memory = self.fresh_memory()
         self.activity = Activity(activity_path)
-        self.comm_counts: dict[str, int] = {}  # filled by pipelib.comm.p2p: bytes and messages
-        self.outstanding: dict = {}  # pipelib.comm.p2p: posted handles not yet waited, by id
-        self.scratch: dict = {}      # pipelib.comm.collectives: receive buffers reused between calls, by dtype
+        self.comm_counts: dict[str, int] = {}  # pipelib.comm.message.device_counters: bytes, messages
+        self.outstanding: dict = {}  # pipelib.comm.message.Handle: posted, not yet waited, by id
+        self.scratch: dict = {}      # pipelib.comm.ring.scratch_buffer: receive buffers kept, by dtype
         self.torch_device = self._torch_device()
 
     def fresh_memory(self) -> MemoryTracker:

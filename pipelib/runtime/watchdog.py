@@ -83,7 +83,7 @@ def reap(proc: subprocess.Popen, timeout: float = 2.0) -> None:
         proc.wait()
 
 
-def main(argv: list[str]) -> int:
+def watch(argv: list[str]) -> int:
     pid, ctime, tag, rundir = int(argv[0]), float(argv[1]), argv[2], argv[3]
     stop_file = os.path.join(rundir, "stopped")
     while True:
@@ -97,4 +97,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(watch(sys.argv[1:]))

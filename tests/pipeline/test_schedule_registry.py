@@ -13,7 +13,7 @@ from pipelib.pipeline.schedules import (
 from pipelib.pipeline.schedules.build import looped_placement, v_placement
 from pipelib.pipeline.simulate import Costs, bubble_closed_form, simulate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REGISTRY_FILE = ROOT / "pipelib" / "pipeline" / "schedules" / "registry.py"
 NAMES = set(REGISTRY) | set(ALIASES)
 
