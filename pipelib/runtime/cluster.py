@@ -34,6 +34,7 @@ import psutil
 from pipelib.runtime import engine, watchdog
 from pipelib.runtime.args import DEFAULT_TIMEOUT, validate_args
 from pipelib.runtime.beacon import Activity
+from pipelib.runtime.progress import StartupProgress
 from pipelib.runtime.errors import (ClusterError, RankDiedError, RankError, RankTimeoutError,
                                     died_message, raised_message, stuck_message)
 from pipelib.runtime.registry import LiveClusters
@@ -53,7 +54,8 @@ class Cluster:
 
     def __init__(self, world_size: int = 4, device: str = "sim", *, profile="toy-gpu",
                  clock: str = "virtual", timeout: float = DEFAULT_TIMEOUT, start: bool = True,
-                 start_timeout: float = 120.0, track_memory: bool | None = None):
+                 start_timeout: float = 120.0, track_memory: bool | None = None,
+                 progress: bool | None = None):
         self.spec = validate_args(world_size, device, profile, clock, timeout, track_memory)
         self.world_size, self.timeout, self.start_timeout = world_size, float(timeout), start_timeout
         self.client = self.view = self._ipp = self._watchdog = None
@@ -61,6 +63,7 @@ class Cluster:
         self._broken: str | None = None
         self.info: list[dict] = []
         self.startup_seconds: float | None = None
+        self.progress = progress  # None: show start-up phases in a notebook only
         if start:
             self.start()
 
@@ -91,7 +94,9 @@ class Cluster:
         import ipyparallel as ipp
         from traitlets.config import Config
 
-        t0 = time.perf_counter()
+        t0, say = time.perf_counter(), StartupProgress(self.progress).say
+        say(f"starting {self.world_size} engines ({self.spec.kind}, "
+            f"{getattr(self.spec.profile, 'name', self.spec.profile)}, {self.spec.clock} clock)")
         self._rundir = tempfile.mkdtemp(prefix="pipelib-cluster-")
         self.tag = os.path.basename(self._rundir)
         self._watchdog = watchdog.launch(self.tag, self._rundir)
@@ -116,12 +121,14 @@ class Cluster:
             self._eids = sorted(self.client.ids)[: self.world_size]
             self.view = self.client[self._eids]
             self.view.block = True
+            say(f"{self.world_size} engines up; each imports torch and joins torch.distributed")
             self._init_ranks()
         except BaseException:
             self.stop()
             raise
         self.live.add(self)
         self.startup_seconds = time.perf_counter() - t0
+        say(f"ready: ranks 0..{self.world_size - 1} (%%px runs a cell on every rank)")
         self._activate_px()
         return self
 

@@ -179,10 +179,13 @@ def test_killed_engine_mid_collective_names_the_rank_fast():
     assert c.client is None
 
 
-def test_a_stopped_cluster_leaves_the_live_registry():
-    c = Cluster(1, timeout=10)
+def test_a_stopped_cluster_leaves_the_live_registry(capsys):
+    c = Cluster(1, timeout=10, progress=True)  # and says what its start-up is doing
     try:
         assert c in Cluster.live and c.running
+        lines = capsys.readouterr().out.splitlines()
+        assert [line.split("] ", 1)[1].split(" ", 1)[0] for line in lines] == ["starting", "1", "ready:"], lines
+        assert "starting 1 engines (sim, toy-gpu, virtual clock)" in lines[0]
     finally:
         c.stop()
     assert c not in Cluster.live and c.client is None
