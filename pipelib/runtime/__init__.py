@@ -3,6 +3,7 @@
 - `cluster`: `Cluster`, one ipyparallel engine per rank with torch.distributed on each;
 - `engine`: what runs on the engines: each rank's start-up and `Cluster.run`'s wrappers;
 - `args`: a cluster's arguments, checked before any process starts;
+- `progress`: one line per start-up phase while a notebook waits for its cluster;
 - `errors`: `RankError`, `RankDiedError`, `RankTimeoutError`: faults as errors naming the rank;
 - `registry`: the running clusters of this process, stopped at interpreter exit;
 - `watchdog`: kills a cluster's processes when the kernel that owns it is killed;
@@ -22,6 +23,7 @@ from pipelib._lazy import lazy
 
 API: dict[str, str] = {
     "Cluster": "cluster",
+    "StartupProgress": "progress",
     "MAX_WORLD_SIZE": "args",
     "DEFAULT_TIMEOUT": "args",
     "validate_args": "args",

@@ -6,7 +6,10 @@
 - `comm`: ping-pong curves, time and bandwidth against tensor size, collectives replayed step
   by step from their messages (chapters 05 and 06);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
-  `show_source(obj)`, library code shown by reference (every chapter, from chapter 01).
+  `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
+  every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
+  span), rounding to what an axis shows, the play button and slider of every animation (nothing
+  autoplays: a figure shows its final state until the reader presses play).
 
 The pure layer (DESIGN.md section 2): plotly and `pipelib.trace`, never torch.distributed nor
 the runtime. Importing this package imports nothing; each name below is imported from its
@@ -29,6 +32,7 @@ API: dict[str, str] = {
     "pingpong_figure": "comm",
     "size_sweep_figure": "comm",
     "size_sweep_bandwidth_figure": "comm",
+    "time_unit": "display",
     "figure_bundle": "display",
     "show": "display",
     "show_source": "display",

@@ -19,6 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from pipelib.trace import Kind, Trace
+from pipelib.viz.display import play_controls, time_unit
 
 _LABEL = re.compile(r"^(?P<name>\S+) (?P<phase>\S+) step (?P<step>\d+) chunk (?P<chunk>\d+)$")
 REDUCING = {"reduce-scatter", "reduce"}
@@ -189,14 +190,9 @@ def collective_animation(trace: Trace, name: str, n: int | None = None, *, root:
         xaxis=dict(tickvals=list(range(slots)), ticktext=xlab, range=[-0.5, slots - 0.5]),
         yaxis=dict(tickvals=list(range(n)), ticktext=ylab, autorange="reversed"),
         margin=dict(l=60, r=20, t=80, b=40),
-        updatemenus=[dict(type="buttons", showactive=False, x=0, y=-0.15, xanchor="left", buttons=[
-            dict(label="▶ play", method="animate",
-                 args=[None, dict(frame=dict(duration=900, redraw=True), fromcurrent=False)])])],
-        sliders=[dict(steps=[dict(method="animate", label="start" if i == 0 else f"step {steps[i - 1]}",
-                                  args=[[str(i)], dict(mode="immediate", frame=dict(duration=0, redraw=True))])
-                             for i in range(len(states))],
-                      active=last, x=0.15, len=0.85, y=-0.1, currentvalue=dict(visible=False))],
     )
+    play_controls(fig, [str(i) for i in range(len(states))],
+                  ["start" if i == 0 else f"step {steps[i - 1]}" for i in range(len(states))], show_value=False)
     return fig
 
 
@@ -204,16 +200,17 @@ def pingpong_figure(rows: list[dict], alpha: float, beta: float, title: str = "P
     """One-way time and bandwidth vs message size (log-log), with the fitted alpha-beta line."""
     x = [r["bytes"] for r in rows]
     fit = [alpha + b / beta for b in x]
+    unit, scale = time_unit(max([r["time"] for r in rows] + fit, default=0.0))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("one-way time", "bandwidth"))
-    fig.add_trace(go.Scatter(x=x, y=[r["time"] * 1e6 for r in rows], mode="markers", name="measured"), 1, 1)
-    fig.add_trace(go.Scatter(x=x, y=[t * 1e6 for t in fit], mode="lines",
+    fig.add_trace(go.Scatter(x=x, y=[r["time"] * scale for r in rows], mode="markers", name="measured"), 1, 1)
+    fig.add_trace(go.Scatter(x=x, y=[t * scale for t in fit], mode="lines",
                              name=f"α={alpha * 1e6:.1f} µs, β={beta / 1e9:.2f} GB/s"), 1, 1)
     fig.add_trace(go.Scatter(x=x, y=[r["bandwidth"] / 1e9 for r in rows], mode="markers", name="measured GB/s",
                              showlegend=False, marker=dict(color="#636EFA")), 1, 2)
     fig.add_trace(go.Scatter(x=x, y=[b / t / 1e9 for b, t in zip(x, fit)], mode="lines", showlegend=False,
                              line=dict(color="#EF553B")), 1, 2)
     fig.update_xaxes(type="log", title_text="message size (bytes)")
-    fig.update_yaxes(type="log", title_text="µs", row=1, col=1)
+    fig.update_yaxes(type="log", title_text=unit, row=1, col=1)
     fig.update_yaxes(type="log", title_text="GB/s", row=1, col=2)
     fig.update_layout(title=title, height=380)
     return fig
@@ -231,11 +228,16 @@ def _vlines(fig, vlines, axes=(("x", "y"),)):
                                    showarrow=False, xanchor="right", yanchor="top")
 
 
+def _largest(*series: dict | None) -> float:
+    return max((v for s in series for _, ys in (s or {}).values() for v in ys if v is not None), default=0.0)
+
+
 def size_sweep_figure(measured: dict, predicted: dict | None = None, title: str = "Time vs size",
-                 unit: str = "ms", *, vlines: dict | None = None) -> go.Figure:
+                      unit: str | None = None, *, vlines: dict | None = None) -> go.Figure:
     """Lines of time vs bytes: measured {name: (sizes, seconds)} as markers, predicted as lines
-    (dashed), and optional labelled vertical lines {label: bytes} (a predicted crossover)."""
-    scale = {"s": 1, "ms": 1e3, "us": 1e6}[unit]
+    (dashed), and optional labelled vertical lines {label: bytes} (a predicted crossover).
+    The time unit is chosen from the largest time unless `unit` ("s", "ms", "us") is given."""
+    unit, scale = time_unit(_largest(measured, predicted), unit)
     fig = go.Figure()
     for name, (x, y) in measured.items():
         fig.add_trace(go.Scatter(x=x, y=[v * scale for v in y], mode="markers+lines", name=name))
@@ -249,11 +251,11 @@ def size_sweep_figure(measured: dict, predicted: dict | None = None, title: str 
 
 
 def size_sweep_bandwidth_figure(measured: dict, predicted: dict | None = None, title: str = "Time and bandwidth vs size",
-                           unit: str = "ms", *, vlines: dict | None = None) -> go.Figure:
+                                unit: str | None = None, *, vlines: dict | None = None) -> go.Figure:
     """Time (left) and algorithm bandwidth, tensor bytes / time (right), vs tensor size, log-log.
     measured {name: (sizes, seconds)} as markers, predicted as dashed lines; one colour per name
-    in both panels."""
-    scale = {"s": 1, "ms": 1e3, "us": 1e6}[unit]
+    in both panels; the time unit as in `size_sweep_figure`."""
+    unit, scale = time_unit(_largest(measured, predicted), unit)
     palette = ["#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3"]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("time", "algorithm bandwidth = bytes / time"))
     series = [(k, v, False) for k, v in measured.items()] + [(k, v, True) for k, v in (predicted or {}).items()]

@@ -8,6 +8,16 @@ from a CDN: the book serves one local plotly.min.js, and JupyterLab renders the 
 
 `show_source(obj)` prints library code by reference, so notebooks never copy it.
 
+What every figure shares, so that each one displays the same way:
+
+- `time_unit(span)`: (label, scale) so a time axis reads 0-900 ms or 0-33 s, never
+  "3.3e+04 ms"; every time axis in `pipelib.viz` goes through it.
+- `rounder(span)`: rounds times to about five significant digits of the span, so a figure's
+  JSON carries `12.5`, not `12.500000000000002` (the static book's pages stay small).
+- `play_controls`: a play button and a slider. Nothing plays on its own: a figure shows its
+  final state, and "play" replays its frames from the start in a few seconds in all
+  (`frame_ms`), without transitions.
+
 Introduced in chapter 04.
 """
 from __future__ import annotations
@@ -15,6 +25,77 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
+
+CONFIG = {"displaylogo": False, "responsive": True}
+UNITS = {"s": ("s", 1.0), "ms": ("ms", 1e3), "us": ("µs", 1e6), "µs": ("µs", 1e6)}
+PLAY_SECONDS = 4.0   # "play" takes about this long, whatever the number of frames
+MAX_FRAME_MS = 1000  # ... but no frame stays longer than this
+
+
+def time_unit(span: float, unit: str | None = None) -> tuple[str, float]:
+    """(label, scale) of a time axis over `span` seconds: seconds * scale = axis units.
+
+    µs below 1 ms, ms below 1 s, else s; `unit` ("s", "ms", "us" or "µs") forces one.
+    """
+    if unit is not None:
+        if unit not in UNITS:
+            raise ValueError(f"unit={unit!r}; choose one of {sorted(UNITS)} or None (chosen from the span)")
+        return UNITS[unit]
+    return UNITS["s" if span >= 1 else "ms" if span >= 1e-3 else "us"]
+
+
+def decimals(span: float, digits: int = 5) -> int:
+    """Decimal places that keep `digits` significant digits of `span` (in axis units)."""
+    return max(0, digits - 1 - math.floor(math.log10(span))) if span > 0 else digits
+
+
+def rounder(span: float, digits: int = 5):
+    """A function rounding axis values to `digits` significant digits of `span`; whole numbers
+    come back as ints (JSON `12`, not `12.0`)."""
+    places = decimals(span, digits)
+
+    def rnd(v: float):
+        r = round(v, places)
+        return int(r) if float(r).is_integer() else r
+    return rnd
+
+
+def short_number(v: float, digits: int = 3) -> str:
+    """`v` with `digits` significant digits and no exponent: 33.0, 0.125, 33,000."""
+    if v == 0 or not math.isfinite(v):
+        return f"{v:g}"
+    return f"{v:,.{max(0, digits - 1 - math.floor(math.log10(abs(v))))}f}"
+
+
+def frame_ms(n: int) -> int:
+    """Milliseconds per frame so that `n` frames play in about PLAY_SECONDS."""
+    return int(min(MAX_FRAME_MS, 1000 * PLAY_SECONDS / max(n, 1)))
+
+
+def play_controls(fig, frames: list[str], labels: list[str], prefix: str = "", suffix: str = "",
+                  *, show_value: bool = True, y: float = 0.0) -> None:
+    """A play button and a slider over the named `frames`; its steps read `labels`.
+
+    The slider starts on the last frame (the figure's own data, its final state); "play" goes
+    back to the first frame and plays them all, `frame_ms(len(frames))` each, no transition.
+    """
+    duration = frame_ms(len(frames))
+    fig.update_layout(
+        updatemenus=[dict(type="buttons", showactive=False, x=0, y=y, xanchor="left", yanchor="top",
+                          pad=dict(t=45), buttons=[
+            dict(label="▶ play", method="animate",
+                 args=[None, dict(mode="immediate", fromcurrent=False,
+                                  frame=dict(duration=duration, redraw=True), transition=dict(duration=0))]),
+        ])],
+        sliders=[dict(active=len(frames) - 1, x=0.12, len=0.88, y=y, yanchor="top", pad=dict(t=30),
+                      currentvalue=dict(prefix=prefix, suffix=suffix, visible=show_value), steps=[
+            dict(label=label, method="animate",
+                 args=[[name], dict(mode="immediate", frame=dict(duration=0, redraw=True),
+                                    transition=dict(duration=0))])
+            for name, label in zip(frames, labels)])],
+    )
+
 
 
 def _stable_id(payload: str) -> str:
@@ -22,16 +103,22 @@ def _stable_id(payload: str) -> str:
 
 
 def figure_bundle(fig) -> dict:
-    """The mimebundle `show` displays: plotly JSON plus a deterministic HTML div."""
-    spec = fig.to_plotly_json()
-    payload = json.dumps(spec, sort_keys=True, default=str)
+    """The mimebundle `show` displays: plotly's own JSON of the figure plus an HTML div.
+
+    Both carry plotly's encoding (`plotly.io.to_json`), which writes numpy arrays as typed
+    arrays; a generic `json.dumps(..., default=str)` turns them into strings and JupyterLab
+    then piles every bar at t = 0. The div id is a hash of that JSON: the same figure gives
+    byte-identical output. Nothing plays on its own (`auto_play=False`): an animated figure
+    shows its final state until the reader presses play.
+    """
+    import plotly.io as pio
+
+    payload = pio.to_json(fig, validate=False)
     div_id = _stable_id(payload)
-    html = fig.to_html(
-        include_plotlyjs=False, full_html=False, div_id=div_id,
-        config={"displaylogo": False, "responsive": True},
-    )
+    html = fig.to_html(include_plotlyjs=False, full_html=False, div_id=div_id, config=CONFIG,
+                       auto_play=False, validate=False)
     return {
-        "application/vnd.plotly.v1+json": json.loads(payload),
+        "application/vnd.plotly.v1+json": {**json.loads(payload), "config": CONFIG},
         "text/html": html,
         "text/plain": f"<plotly figure {div_id}>",
     }

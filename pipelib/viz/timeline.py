@@ -6,7 +6,12 @@ same output. Animations use plotly's own frames, so they play in the static book
 advancing (`timeline_figure`) or a parameter changing (`sweep_figure`, the static stand-in for
 the schedule explorer's sliders, `pipelib.pipeline.explorer`). `timeline_figure(overlay=...)` draws
 measured above predicted on one time axis.
-Show them with `pipelib.viz.display.show`. This module never imports torch.distributed.
+
+Readable at any density: a bar names its microbatch only where the number fits (plotly's
+`uniformtext` hides the rest), and hovering any bar tells rank, op, stage, microbatch, start,
+end and duration. Time axes pick µs, ms or s from the span (`pipelib.viz.display.time_unit`).
+A figure first shows its final state; "play" replays it. Show them with `pipelib.viz.display.show`.
+This module never imports torch.distributed.
 
 Introduced in chapter 04.
 """
@@ -16,6 +21,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from pipelib.trace import Kind, Trace
+from pipelib.viz.display import play_controls, rounder, short_number, time_unit
 
 KIND_COLORS = {
     Kind.COMPUTE: "#4C78A8",
@@ -27,6 +33,13 @@ KIND_COLORS = {
 LABEL_COLORS = {"F": "#4C78A8", "B": "#54A24B", "I": "#54A24B", "W": "#9D755D",
                 "serial": "#E45756", "parallel": "#4C78A8", "optimizer": "#B279A2"}
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6"]
+OP_NAMES = {"F": "forward", "B": "backward", "I": "backward, input gradient",
+            "W": "backward, weight gradient", Kind.RECV_WAIT.value: "idle, waiting for a message"}
+TEXT = dict(textposition="inside", insidetextanchor="middle", textangle=0, constraintext="inside",
+            textfont=dict(size=10, color="white"))
+LAYOUT = dict(barmode="overlay", uniformtext=dict(minsize=8, mode="hide"), template="plotly_white",
+              legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
+              margin=dict(l=10, r=10, t=90, b=40), hoverlabel=dict(align="left"))
 
 
 def _rank_names(trace: Trace, kinds=(Kind.COMPUTE,), prefix: str = "") -> list[str]:
@@ -43,147 +56,147 @@ def _groups(trace: Trace, show_kinds) -> dict[tuple, list]:
 
 
 def _order(keys) -> list[tuple]:
-    return sorted(keys, key=lambda k: (k[0].value, k[1]))
+    """Compute first (F, B, I, W, then other labels), then waits and messages: the legend's order."""
+    ops = list(OP_NAMES)
+    return sorted(keys, key=lambda k: (k[0] != Kind.COMPUTE, k[0].value, ops.index(k[1]) if k[1] in ops else 9, k[1]))
 
 
-def _bars(trace: Trace, t_cut: float | None, show_kinds, scale: float, *, names=None, keys=None,
-          faded: bool = False):
-    """One bar trace per (kind, label) group, clipped at t_cut (seconds after the trace's first
-    event) for animation frames; `keys` fixes the groups so every frame has the same traces.
+def _hover(kind: Kind, label: str, evs: list, t0: float, scale: float, unit: str, rnd) -> tuple[list, str, str | None]:
+    """Per-bar customdata, the hovertemplate reading it, and the text drawn inside the bars.
 
-    Times are drawn from the trace's first event (a wall-clock trace starts long after the epoch).
-    `faded` draws the second row group of an overlay: lighter, its legend entries merged.
+    Columns: start, end, duration (in `unit`), then stage and microbatch if any event has them,
+    then the event's label, peer and bytes for messages and waits. `%{y}` is the row: the rank.
     """
+    cols = [("stage", lambda e: e.stage), ("microbatch", lambda e: e.microbatch)]
+    if kind != Kind.COMPUTE:
+        cols += [("label", lambda e: e.label), ("peer", lambda e: e.peer), ("bytes", lambda e: e.bytes or None)]
+    cols = [(name, get) for name, get in cols if any(get(e) is not None for e in evs)]
+    data = [[rnd((e.start - t0) * scale), rnd((e.end - t0) * scale), rnd(e.duration * scale)]
+            + [("–" if get(e) is None else get(e)) for _, get in cols] for e in evs]
+    what = OP_NAMES.get(label, kind.value)
+    lines = [f"<b>{label}</b> ({what}) · %{{y}}"]
+    lines += [" · ".join(f"{name} %{{customdata[{3 + i}]}}" for i, (name, _) in enumerate(cols))] if cols else []
+    lines += [f"%{{customdata[0]}} – %{{customdata[1]}} {unit}, lasts %{{customdata[2]}} {unit}"]
+    names = [name for name, _ in cols]
+    text = (f"%{{customdata[{3 + names.index('microbatch')}]}}" if "microbatch" in names else label
+            ) if kind == Kind.COMPUTE else None
+    return data, "<br>".join(lines) + "<extra></extra>", text
+
+
+def _bars(trace: Trace, show_kinds, unit: str, scale: float, rnd, *, names=None, keys=None,
+          faded: bool = False) -> list[go.Bar]:
+    """One bar trace per (kind, label) group; `keys` fixes the groups so every frame of a
+    sweep has the same traces. Times are drawn from the trace's first event (a wall-clock trace
+    starts long after the epoch). `faded` draws the second row group of an overlay: lighter, its
+    legend entries merged with the first's."""
     names = _rank_names(trace) if names is None else names
-    t_first = trace.start
-    groups = _groups(trace, show_kinds)
+    t0, groups = trace.start, _groups(trace, show_kinds)
     out = []
     for kind, label in (_order(groups) if keys is None else keys):
         evs = groups.get((kind, label), [])
-        cut = None if t_cut is None else t_first + t_cut
-        ends = [e.end if cut is None else min(e.end, max(cut, e.start)) for e in evs]
+        custom, hover, text = _hover(kind, label, evs, t0, scale, unit, rnd)
         color = LABEL_COLORS.get(label, KIND_COLORS[kind]) if kind == Kind.COMPUTE else KIND_COLORS[kind]
+        # `base` as an array: plotly's encoder (figure_bundle) writes it as numbers, a generic one does not
         out.append(go.Bar(
             name=label, orientation="h", y=[names[e.rank] for e in evs], legendgroup=label,
-            showlegend=not faded,
-            base=np.array([(e.start - t_first) * scale for e in evs]),  # arrays: plotly copies lists item by item
-            x=np.array([(end - e.start) * scale for e, end in zip(evs, ends)]),
-            marker=dict(color=color, line=dict(width=0.5, color="white")),
+            showlegend=not faded, base=np.array([c[0] for c in custom], dtype=float), x=[c[2] for c in custom],
+            customdata=custom, hovertemplate=hover, marker=dict(color=color, line=dict(width=0.5, color="white")),
             opacity=(1.0 if kind == Kind.COMPUTE else 0.75) * (0.6 if faded else 1.0),
-            text=[_label(e) for e in evs], hovertemplate="%{text}<extra></extra>",
             width=0.8 if kind == Kind.COMPUTE else 0.35,
+            **({"texttemplate": text, **TEXT} if text is not None else {"textposition": "none"}),
         ))
     return out
 
 
-def _label(e) -> str:
-    parts = [f"rank {e.rank}", e.label, e.kind.value]
-    if e.stage is not None:
-        parts.append(f"stage {e.stage}")
-    if e.microbatch is not None:
-        parts.append(f"microbatch {e.microbatch}")
-    if e.bytes:
-        parts.append(f"{e.bytes} B")
-    if e.peer is not None:
-        parts.append(f"peer {e.peer}")
-    return " · ".join(parts) + f" · {1e3 * e.start:.3f}-{1e3 * e.end:.3f} ms"
+def _widths(trace: Trace, show_kinds, t_cut: float, scale: float, rnd, keys) -> list[go.Bar]:
+    """An animation frame: only the bars' widths change, clipped at t_cut seconds from the start."""
+    groups, cut = _groups(trace, show_kinds), trace.start + t_cut
+    return [go.Bar(x=[rnd((min(e.end, max(cut, e.start)) - e.start) * scale) for e in groups.get(k, [])])
+            for k in keys]
 
 
-def _play_controls(fig: go.Figure, frames: list[str], labels: list[str], prefix: str, suffix: str,
-                   duration: int) -> None:
-    """A play button and a slider stepping through the named `frames`, its steps read `labels`."""
-    fig.update_layout(
-        updatemenus=[dict(type="buttons", showactive=False, x=0, y=0, xanchor="left", yanchor="top",
-                          pad=dict(t=45), buttons=[
-            dict(label="▶ play", method="animate",
-                 args=[None, dict(frame=dict(duration=duration, redraw=True), fromcurrent=False,
-                                  transition=dict(duration=0))]),
-        ])],
-        sliders=[dict(active=len(frames) - 1, x=0.12, len=0.88, y=0, yanchor="top", pad=dict(t=30),
-                      currentvalue=dict(prefix=prefix, suffix=suffix), steps=[
-            dict(label=label, method="animate",
-                 args=[[name], dict(mode="immediate", frame=dict(duration=0, redraw=True))])
-            for name, label in zip(frames, labels)])],
-    )
+def _bubble(traces, groups, overlay) -> str:
+    return " · ".join(f"{g + ' ' if overlay else ''}{100 * t.bubble_fraction():.1f}%" for t, g in zip(traces, groups))
 
 
 def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = True, frames: int = 24,
-                    kinds=(Kind.COMPUTE, Kind.RECV_WAIT), unit: str = "ms",
+                    kinds=(Kind.COMPUTE, Kind.RECV_WAIT), unit: str | None = None,
                     overlay: Trace | None = None, groups: tuple[str, str] = ("measured", "predicted")) -> go.Figure:
     """One row per rank; gaps are idle time (share in the row label); animated as time advances.
 
     With `overlay` (e.g. what `simulate` predicts for the run in `trace`), two row groups share
     the time axis: `trace`'s rows on top, the overlay's below, named by `groups` (chapter 12).
+    The time unit is chosen from the span unless `unit` ("s", "ms", "us") is given. The figure
+    shows the whole step; "play" replays it in `frames` frames.
     """
-    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     show_kinds = {Kind(k) for k in kinds}
     traces = [trace] if overlay is None else [trace, overlay]
-    rows = [_rank_names(t, prefix="" if overlay is None else f"{g} · ") for t, g in zip(traces, groups)]
-
-    def data(t_cut):
-        return [bar for i, (t, r) in enumerate(zip(traces, rows))
-                for bar in _bars(t, t_cut, show_kinds, scale, names=r, faded=i == 1)]
-
-    fig = go.Figure(data(None))
     span = max(t.span for t in traces)
-    bubble = " · ".join(f"{g + ' ' if overlay is not None else ''}{100 * t.bubble_fraction():.1f}%"
-                        for t, g in zip(traces, groups))
+    unit, scale = time_unit(span, unit)
+    rnd = rounder(span * scale)
+    rows = [_rank_names(t, prefix="" if overlay is None else f"{g} · ") for t, g in zip(traces, groups)]
+    keys = [_order(_groups(t, show_kinds)) for t in traces]
+    fig = go.Figure([bar for i, (t, r, k) in enumerate(zip(traces, rows, keys))
+                     for bar in _bars(t, show_kinds, unit, scale, rnd, names=r, keys=k, faded=i == 1)])
+    steps = " · ".join(f"{g + ' ' if overlay is not None else ''}{short_number(t.span * scale)} {unit}"
+                       for t, g in zip(traces, groups))
     fig.update_layout(
-        title=f"{title} · bubble {bubble} of {trace.world_size} × {trace.span * scale:.3g} {unit}",
-        barmode="overlay", xaxis=dict(title=f"time ({unit})", range=[0, span * scale * 1.02]),
+        title=dict(text=f"{title}<br><sub>bubble {_bubble(traces, groups, overlay is not None)} of "
+                        f"{trace.world_size} ranks × step {steps} · gaps are idle time</sub>"),
+        xaxis=dict(title=f"time ({unit})", range=[0, span * scale * 1.02]),
         yaxis=dict(categoryarray=[n for r in rows for n in r][::-1], categoryorder="array"),
-        height=260 + 38 * sum(t.world_size for t in traces),
-        legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
-        margin=dict(l=10, r=10, t=90, b=40), template="plotly_white",
+        height=260 + 38 * sum(t.world_size for t in traces), **LAYOUT,
     )
     if animate and trace.events:
         cuts = [span * (i + 1) / frames for i in range(frames)]
-        fig.frames = [go.Frame(data=data(t), name=f"{i}") for i, t in enumerate(cuts)]
-        _play_controls(fig, [f"{i}" for i in range(frames)], [f"{t * scale:.3g}" for t in cuts],
-                       "t = ", f" {unit}", 120)
+        fig.frames = [go.Frame(data=[b for t, k in zip(traces, keys) for b in _widths(t, show_kinds, c, scale, rnd, k)],
+                               traces=list(range(len(fig.data))), name=f"{i}") for i, c in enumerate(cuts)]
+        play_controls(fig, [f"{i}" for i in range(frames)], [short_number(c * scale) for c in cuts],
+                      "t = ", f" {unit}")
     return fig
 
 
-def sweep_figure(traces: dict, title: str = "Timeline", *, param: str = "", unit: str = "ms",
+def sweep_figure(traces: dict, title: str = "Timeline", *, param: str = "", unit: str | None = None,
                  kinds=(Kind.COMPUTE, Kind.RECV_WAIT)) -> go.Figure:
     """One timeline per setting (`{value label: Trace}`), switched by a slider and a play button.
 
     The static book cannot run a widget's Python callbacks: plotly's own frames replay the
     settings a widget would have drawn, one frame per value (chapter 12). Rows are fixed at the
     largest world_size and the time axis at the longest span, so the frames compare at a glance.
+    Each frame's title names its value, bubble and step; the figure shows the last value.
     """
     if not traces:
         raise ValueError("sweep_figure needs at least one trace; pass {label: Trace}")
-    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     show_kinds = {Kind(k) for k in kinds}
+    span = max(t.span for t in traces.values())
+    unit, scale = time_unit(span, unit)
+    rnd = rounder(span * scale)
     keys = _order({k for t in traces.values() for k in _groups(t, show_kinds)})
     names = [f"rank {r}" for r in range(max(t.world_size for t in traces.values()))]
     labels = [str(k) for k in traces]
 
     def heading(label, t):
-        return (f"{title} · {param} = {label} · bubble {100 * t.bubble_fraction():.1f}% · "
-                f"step {t.span * scale:.3g} {unit}")
+        return (f"{title}<br><sub>{param + ' = ' if param else ''}{label}: bubble {100 * t.bubble_fraction():.1f}% · "
+                f"step {short_number(t.span * scale)} {unit}</sub>")
 
-    frames = [go.Frame(data=_bars(t, None, show_kinds, scale, names=names, keys=keys), name=label,
+    frames = [go.Frame(data=_bars(t, show_kinds, unit, scale, rnd, names=names, keys=keys), name=label,
                        layout=dict(title=dict(text=heading(label, t))))
               for label, t in zip(labels, traces.values())]
     fig = go.Figure(data=frames[-1].data, frames=frames)
     fig.update_layout(
-        title=heading(labels[-1], list(traces.values())[-1]), barmode="overlay",
-        xaxis=dict(title=f"time ({unit})", range=[0, 1.02 * scale * max(t.span for t in traces.values())]),
-        yaxis=dict(categoryorder="array", categoryarray=names[::-1]), height=260 + 38 * len(names),
-        legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
-        margin=dict(l=10, r=10, t=90, b=40), template="plotly_white",
+        title=dict(text=heading(labels[-1], list(traces.values())[-1])),
+        xaxis=dict(title=f"time ({unit})", range=[0, 1.02 * scale * span]),
+        yaxis=dict(categoryorder="array", categoryarray=names[::-1]), height=260 + 38 * len(names), **LAYOUT,
     )
-    _play_controls(fig, labels, labels, f"{param} = ", "", 800)
+    play_controls(fig, labels, labels, f"{param} = " if param else "", "")
     return fig
 
 
-def memory_figure(trace: Trace, title: str = "Memory over time", unit: str = "ms", *,
+def memory_figure(trace: Trace, title: str = "Memory over time", unit: str | None = None, *,
                   per: float = 2**20, yaxis_title: str = "allocated (MiB)") -> go.Figure:
     """Bytes allocated per rank after each event, as a step line per rank (in units of `per` bytes)."""
-    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
-    fig, t0 = go.Figure(), trace.start
+    unit, scale = time_unit(trace.span, unit)
+    rnd, t0, fig = rounder(trace.span * scale), trace.start, go.Figure()
     by_rank: dict[int, list] = {}
     for e in trace.events:
         if e.memory is not None:
@@ -192,10 +205,10 @@ def memory_figure(trace: Trace, title: str = "Memory over time", unit: str = "ms
         evs = sorted(by_rank.get(r, []), key=lambda e: e.end)
         if not evs:
             continue
-        xs = [0.0] + [(e.end - t0) * scale for e in evs]
-        ys = [0.0] + [e.memory / per for e in evs]
-        fig.add_trace(go.Scatter(x=np.array(xs), y=np.array(ys), mode="lines", line_shape="hv", name=f"rank {r}",
-                                 line=dict(color=PALETTE[r % len(PALETTE)])))
+        fig.add_trace(go.Scatter(
+            x=[0] + [rnd((e.end - t0) * scale) for e in evs], y=[0] + [float(f"{e.memory / per:.6g}") for e in evs],
+            mode="lines", line_shape="hv", name=f"rank {r}", line=dict(color=PALETTE[r % len(PALETTE)]),
+            hovertemplate=f"rank {r} · %{{x}} {unit}: %{{y}} {yaxis_title}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title=f"time ({unit})", yaxis_title=yaxis_title,
                       template="plotly_white", height=320, margin=dict(l=10, r=10, t=50, b=10))
     return fig

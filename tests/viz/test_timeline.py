@@ -68,8 +68,8 @@ def test_sweep_figure_keeps_the_same_traces_in_every_frame():
     assert [f.name for f in fig.frames] == ["1", "2"]
     assert [len(f.data) for f in fig.frames] == [2, 2]  # F and recv-wait, empty where absent
     assert list(fig.frames[0].data[1].x) == []
-    assert "p = 1 · bubble 0.0%" in fig.frames[0].layout.title.text
-    assert "p = 2 · bubble 50.0%" in fig.frames[1].layout.title.text
+    assert "p = 1: bubble 0.0%" in fig.frames[0].layout.title.text
+    assert "p = 2: bubble 50.0%" in fig.frames[1].layout.title.text
     assert list(fig.layout.yaxis.categoryarray) == ["rank 1", "rank 0"]
     assert fig.layout.xaxis.range[1] == pytest.approx(2 * 1.02)
     with pytest.raises(ValueError, match="at least one trace"):
@@ -79,3 +79,61 @@ def test_sweep_figure_keeps_the_same_traces_in_every_frame():
 def test_memory_figure_units():
     fig = memory_figure(_trace(), unit="s", per=2**10, yaxis_title="KiB")
     assert list(fig.data[1].y) == [0.0, 1024.0] and fig.layout.yaxis.title.text == "KiB"
+
+
+# ----------------------------------------------------------------------------- readability
+def test_time_unit_is_chosen_from_the_span():
+    from pipelib.viz.display import short_number, time_unit
+
+    assert time_unit(33.0) == ("s", 1.0) and time_unit(0.033) == ("ms", 1e3)
+    assert time_unit(5e-5) == ("µs", 1e6) and time_unit(33.0, "ms") == ("ms", 1e3)
+    assert time_unit(1.0, "us") == ("µs", 1e6)
+    with pytest.raises(ValueError, match="unit='min'"):
+        time_unit(1.0, "min")
+    assert [short_number(v) for v in (33.0, 0.125, 33_000.0, 0.0)] == ["33.0", "0.125", "33,000", "0"]
+
+
+@pytest.mark.parametrize("seconds,unit", [(33.0, "s"), (0.033, "ms"), (3.3e-5, "µs")])
+def test_every_time_axis_reads_in_a_unit_fit_for_the_span(seconds, unit):
+    evs = [Event(r, Kind.COMPUTE, "F", r * seconds / 2, (r + 1) * seconds / 2, stage=r, microbatch=0, memory=2**20)
+           for r in range(2)]
+    t = Trace(evs, 2)
+    for fig in (timeline_figure(t, "t"), sweep_figure({"a": t}, "t", param="x"), memory_figure(t)):
+        assert fig.layout.xaxis.title.text == f"time ({unit})", fig.layout.title.text
+        assert "e+" not in fig.layout.title.text and "e-" not in fig.layout.title.text
+        assert 1 <= fig.layout.xaxis.range[1] <= 1000 if fig.layout.xaxis.range else True
+    assert f"step 33.0 {unit}" in timeline_figure(t, "t").layout.title.text
+
+
+def test_bars_name_their_microbatch_inside_and_everything_in_the_hover():
+    fig = timeline_figure(_trace(), animate=False, unit="s")
+    f = [b for b in fig.data if b.name == "F"][0]
+    assert f.textposition == "inside" and f.insidetextanchor == "middle" and f.textangle == 0
+    assert fig.layout.uniformtext.mode == "hide" and fig.layout.uniformtext.minsize >= 8
+    cols = f.hovertemplate
+    for word in ("%{y}", "stage", "microbatch", " s,", "lasts"):
+        assert word in cols, (word, cols)
+    assert f.texttemplate == "%{customdata[4]}"                    # the microbatch number
+    assert [list(c) for c in f.customdata] == [[0, 1, 1, 0, 0], [1, 2, 1, 1, 0]]  # start, end, duration, stage, mb
+    wait = [b for b in fig.data if b.name == "recv-wait"][0]
+    assert wait.textposition == "none" and "peer" in wait.hovertemplate
+
+
+def test_animation_frames_carry_only_the_widths():
+    fig = timeline_figure(_trace(), frames=4, unit="s")
+    for frame in fig.frames:
+        assert list(frame.traces) == list(range(len(fig.data)))
+        assert all(set(d.to_plotly_json()) == {"x", "type"} for d in frame.data)
+    assert [list(d.x) for d in fig.frames[-1].data] == [list(b.x) for b in fig.data]  # last frame = the figure
+
+
+def test_times_are_rounded_to_what_the_axis_shows():
+    t = Trace([Event(0, Kind.COMPUTE, "F", 0.1 + 0.2, 0.1 + 0.2 + 1 / 3, microbatch=0)], 1)
+    bar = timeline_figure(t, animate=False, unit="s").data[0]
+    assert list(bar.base) == [0] and list(bar.x) == [0.33333]      # 5 significant digits of the span
+
+
+def test_legend_lists_forward_before_backward():
+    evs = [Event(0, Kind.COMPUTE, op, i, i + 1, microbatch=0) for i, op in enumerate("FBW")]
+    fig = timeline_figure(Trace(evs, 1), animate=False)
+    assert [b.name for b in fig.data] == ["F", "B", "W"]

@@ -1,0 +1,141 @@
+"""Every figure function of pipelib, built from small real inputs, goes through `figure_bundle`
+the way the book and JupyterLab receive it: the plotly mimetype is plotly's own JSON encoding
+(numpy arrays kept as arrays, not strings: JupyterLab piled every bar at t = 0), the HTML div's
+id comes from that JSON (a re-run is byte-identical), nothing plays on its own, and an animated
+figure first shows its final state. A new figure function without a sample input here fails
+`test_every_figure_function_has_a_sample`."""
+import json
+
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
+import pytest
+
+import pipelib.viz as viz
+from pipelib.hardware.roofline import MeasuredOp, Roofline
+from pipelib.pipeline import explorer
+from pipelib.pipeline.schedules import make_schedule
+from pipelib.pipeline.simulate import Costs, simulate
+from pipelib.trace import Event, Kind, Trace
+from pipelib.viz.display import frame_ms
+from pipelib.viz.display import figure_bundle
+
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+def _sim(name="1f1b", p=4, m=8, v=1, f=1e-3):
+    """A simulated step in seconds (F = 1 ms), as chapters 10-13 draw them."""
+    costs = Costs(F=f, B=2 * f, I=f, W=f, activation_bytes=1).scaled(1 / v)
+    return simulate(make_schedule(name, p, m, v), costs).events
+
+
+def _ring(n=4):
+    """The SEND events of pipelib.comm.collectives.all_reduce on n ranks, labelled as it does."""
+    evs = [Event(r, Kind.SEND, f"all_reduce {phase} step {s + off} chunk {(r - s - d) % n}", 1e-3 * s,
+                 1e-3 * s + 1e-4, bytes=64, peer=(r + 1) % n)
+           for phase, off, d in (("reduce-scatter", 0, 1), ("all-gather", n - 1, 0))
+           for s in range(n - 1) for r in range(n)]
+    return Trace(evs, n)
+
+
+SIZES = np.array([2**10, 2**14, 2**18, 2**22])  # numpy, as measured sweeps hand them over
+TIMES = np.array([3e-5, 8e-5, 9e-4, 1.2e-2])
+
+SAMPLES = {
+    "roofline_figure": lambda: viz.roofline_figure(
+        [Roofline("cpu", 1e11, 2e10)], [MeasuredOp("matmul", 2e9, 3e7, 0.05)]),
+    "bandwidth_figure": lambda: viz.bandwidth_figure(
+        list(zip(SIZES, np.array([9e10, 6e10, 3e10, 1.5e10]))), caches=((1, "Data", 48 * 1024), (2, "Unified", 2**20))),
+    "timeline_figure": lambda: viz.timeline_figure(_sim(), "1F1B, p=4, m=8", frames=6),
+    "sweep_figure": lambda: viz.sweep_figure({s: _sim(s, 4, 8, v) for s, v in (("gpipe", 1), ("1f1b", 1), ("zbv", 2))},
+                                             "p=4, m=8, simulated", param="schedule"),
+    "memory_figure": lambda: viz.memory_figure(_sim("gpipe"), "activations", per=1, yaxis_title="microbatches"),
+    "speedup_figure": lambda: viz.speedup_figure({"measured": (np.arange(1, 5), np.array([1.0, 1.8, 2.4, 2.9]))},
+                                                 {"Amdahl": (np.arange(1, 5), 1 / (0.2 + 0.8 / np.arange(1, 5)))}),
+    "collective_animation": lambda: viz.collective_animation(_ring(), "all_reduce"),
+    "pingpong_figure": lambda: viz.pingpong_figure(
+        [{"bytes": b, "time": t, "bandwidth": b / t} for b, t in zip(SIZES, TIMES)], 2e-5, 4e8, "ping-pong"),
+    "size_sweep_figure": lambda: viz.size_sweep_figure({"ring": (SIZES, TIMES)}, {"model": (SIZES, TIMES * 0.9)},
+                                                       vlines={"crossover": 2**16}),
+    "size_sweep_bandwidth_figure": lambda: viz.size_sweep_bandwidth_figure({"ring": (SIZES, TIMES)},
+                                                                           {"model": (SIZES, TIMES * 0.9)}),
+    "explorer_figures": lambda: explorer.explorer_figures("zbv", 4, 8),
+    "explorer_sweep": lambda: explorer.explorer_sweep("m", [2, 4, 8], schedule="1f1b", p=4),
+}
+
+
+def _figure_functions() -> set[str]:
+    """Every public figure function: pipelib.viz's API ending in _figure or _animation, and the
+    explorer's public functions that return figures (explorer_figures, explorer_sweep)."""
+    found = {n for n in viz.API if n.endswith(("_figure", "_animation"))}
+    found |= {n for n in explorer.__all__ if n.endswith(("_figure", "_figures", "_animation", "_sweep"))}
+    return found
+
+
+def _figures(name):
+    out = SAMPLES[name]()
+    figs = list(out) if isinstance(out, tuple) else [out]
+    assert figs and all(isinstance(f, go.Figure) for f in figs), f"{name} returned {type(out)}"
+    return figs
+
+
+def test_every_figure_function_has_a_sample():
+    found = _figure_functions()
+    assert {"timeline_figure", "sweep_figure", "collective_animation", "explorer_sweep"} <= found
+    assert found == set(SAMPLES), (f"figure functions without a sample input in SAMPLES: "
+                                   f"{sorted(found - set(SAMPLES))}; samples of no figure function: "
+                                   f"{sorted(set(SAMPLES) - found)}")
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_bundle_carries_plotlys_own_json_and_a_stable_id(name):
+    figs = _figures(name)
+    bundles = [figure_bundle(f) for f in figs]
+    for fig, bundle in zip(figs, bundles):
+        spec = bundle[PLOTLY]
+        assert {k: v for k, v in spec.items() if k != "config"} == json.loads(pio.to_json(fig))
+        assert spec["config"]["displaylogo"] is False
+        html = bundle["text/html"]
+        div = html.split('id="', 1)[1].split('"', 1)[0]
+        assert div.startswith("fig-") and div in bundle["text/plain"] and "cdn" not in html.lower()
+        assert "Plotly.animate" not in html                   # nothing autoplays in the book
+    assert [figure_bundle(f) for f in _figures(name)] == bundles   # a re-run: byte-identical
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_animations_show_their_final_state_and_wait_for_play(name):
+    for fig in _figures(name):
+        if not fig.frames:
+            continue
+        n = len(fig.frames)
+        spec = json.loads(pio.to_json(fig))
+        last = spec["frames"][-1]
+        for i, partial in zip(last.get("traces", range(len(last["data"]))), last["data"]):
+            for key, value in partial.items():
+                assert spec["data"][i].get(key) == value, (name, i, key)   # the figure = its last frame
+        (play,) = fig.layout.updatemenus[0].buttons
+        frame_opts = play.args[1]
+        assert play.args[0] is None and frame_opts["fromcurrent"] is False       # from the start
+        assert frame_opts["frame"]["duration"] == frame_ms(n) and frame_opts["transition"]["duration"] == 0
+        assert 2000 <= n * frame_ms(n) <= 5000 or frame_ms(n) == 1000            # a few seconds in all
+        assert fig.layout.sliders[0].active == n - 1
+
+
+def test_numpy_arrays_reach_jupyterlab_as_arrays():
+    """The bug: json.dumps(default=str) wrote a numpy `base` as the string "[0. 1. 2.]"."""
+    fig = go.Figure(go.Bar(orientation="h", base=np.array([0.0, 1.5, 3.0]), x=np.array([1.0, 1.0, 2.0]),
+                           y=["rank 0", "rank 1", "rank 0"]))
+    spec = figure_bundle(fig)[PLOTLY]
+    assert spec["data"][0]["base"] == json.loads(pio.to_json(fig))["data"][0]["base"]
+    assert not isinstance(spec["data"][0]["base"], str)
+
+
+def test_big_timelines_stay_small():
+    """Chapter pages must stay under 1.5 MB: an 8-rank ZB-V step of 16 microbatches, animated,
+    and a sweep over 8 schedules, fit in a few hundred kB of HTML each."""
+    zbv = viz.timeline_figure(_sim("zbv", 8, 16, 2), "ZB-V")
+    assert len(figure_bundle(zbv)["text/html"]) < 200_000
+    names = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1), ("zb_h2", 1),
+             ("interleaved_zero_bubble", 2), ("zbv", 2), ("dualpipe_v", 2)]
+    sweep = viz.sweep_figure({s: _sim(s, 8, 16, v) for s, v in names}, "p=8, m=16", param="schedule")
+    assert len(figure_bundle(sweep)["text/html"]) < 300_000
