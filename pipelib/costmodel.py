@@ -3,9 +3,18 @@
 A simulated device (`device="sim"`) does real math on the CPU but takes its *time* from a
 profile: a compute op lasts max(flops / peak FLOP/s, bytes / memory bandwidth) (the roofline,
 Williams et al. 2009), a message lasts alpha + bytes / beta (Hockney 1994). The presets hold
-published figures; `toy-gpu`, the default, is a small round-numbered GPU whose ratios of compute
-to memory to link are those of a real accelerator, sized so the book's tiny models take
-milliseconds.
+published figures; `toy-gpu`, the default, is a small round-numbered teaching device, sized so
+the book's tiny models take milliseconds on a laptop.
+
+toy-gpu's *ratios* are not a real accelerator's, and nothing claims they are: its ridge point
+(`ridge_point`) is 1 FLOP/B where an H100's is about 295, and its compute : link ratio
+(`flops_per_link_byte`) is 10 FLOP/B where an H100's is about 2,200 over NVLink and 19,800 over
+PCIe. Making them real would make the tiny models' ops memory- and message-bound in ways no real
+model is. What toy-gpu keeps is the *shape* of each law: the roofline's max of two times, and
+the link's alpha + n / beta with a latency that dominates small messages. Where a chapter's
+conclusion depends on how long a message takes against an op, it sets the op times itself
+(`pipelib.pipeline.simulate.Costs`) and says what ratio it uses; chapter 12 compares it with an
+H100's.
 
 Introduced in chapter 04; the alpha-beta model is fitted to measurements in chapter 05.
 """
@@ -44,6 +53,12 @@ class DeviceProfile:
         """Arithmetic intensity (FLOP/byte) where compute and memory time are equal."""
         return self.flops / self.mem_bandwidth
 
+    @property
+    def flops_per_link_byte(self) -> float:
+        """FLOPs the device computes in the time its link moves one byte: how much compute a
+        message must be hidden behind (the link's ridge point)."""
+        return self.flops / self.link.beta
+
     def compute_time(self, flops: float = 0.0, nbytes: float = 0.0) -> float:
         """Roofline time of an op doing `flops` FLOPs over `nbytes` bytes of memory traffic."""
         if flops < 0 or nbytes < 0:
@@ -68,7 +83,8 @@ LINKS = {
     "ib-ndr": Link("ib-ndr", alpha=5e-6, beta=50e9),
     # 10 Gigabit Ethernet with TCP.
     "ethernet-10g": Link("ethernet-10g", alpha=30e-6, beta=1.25e9),
-    # The toy GPU's link: same compute/bandwidth ratio as PCIe to an H100, scaled.
+    # The toy GPU's link: round numbers, 50 us latency; not an H100's compute : link ratio
+    # (10 FLOP/B here, about 2,200 over NVLink 4): see the module's docstring.
     "toy-link": Link("toy-link", alpha=50e-6, beta=1e9),
 }
 

@@ -17,3 +17,16 @@ def test_roofline_picks_the_binding_limit():
 def test_alpha_beta():
     link = Link("x", alpha=1e-5, beta=1e9)
     assert link.time(0) == 1e-5 and link.time(10**9) == pytest.approx(1 + 1e-5)
+
+
+def test_toy_gpu_ratios_are_stated_not_a_real_gpus():
+    """The docstring's numbers: toy-gpu keeps the laws' shape, not an H100's ratios."""
+    from dataclasses import replace
+
+    from pipelib.costmodel import LINKS
+
+    toy, h100 = PROFILES["toy-gpu"], PROFILES["h100"]
+    assert (toy.ridge_point, toy.flops_per_link_byte) == (1.0, 10.0)
+    assert round(h100.ridge_point) == 295
+    assert round(h100.flops_per_link_byte, -2) == 2200
+    assert round(replace(h100, link=LINKS["pcie5"]).flops_per_link_byte, -2) == 19800

@@ -33,8 +33,10 @@ class Costs:
     Defaults: F=1, B=2 (a backward does twice a forward's FLOPs: input and weight gradients),
     I=W=1 (its two halves), no communication time. `p2p` is seconds per message or a function
     of the message's bytes (e.g. `profile.message_time`). `stage_factor[s]` scales stage s's
-    compute (an unbalanced split). For interleaved schedules the costs are per stage chunk:
-    `costs.scaled(1 / v)` keeps the work per rank equal to a plain pipeline's.
+    compute (an unbalanced split); `backward_factor[s]`, when given, scales its B, I and W
+    instead (a stage can be the slowest forward and another the slowest backward, chapter 10).
+    For interleaved schedules the costs are per stage chunk: `costs.scaled(1 / v)` keeps the
+    work per rank equal to a plain pipeline's.
     """
 
     F: float = 1.0
@@ -45,15 +47,20 @@ class Costs:
     message_bytes: int = 0     # bytes of one activation or gradient sent between stages
     activation_bytes: int = 0  # bytes one stage keeps for backward, per microbatch
     stage_factor: tuple[float, ...] = ()
+    backward_factor: tuple[float, ...] = ()
 
     def __post_init__(self):
         bad = {k: getattr(self, k) for k in "FBIW" if getattr(self, k) < 0}
-        if bad or any(f < 0 for f in self.stage_factor):
-            raise ValueError(f"Costs must be >= 0, got {bad or {'stage_factor': self.stage_factor}}")
+        bad.update({k: getattr(self, k) for k in ("stage_factor", "backward_factor")
+                    if any(f < 0 for f in getattr(self, k))})
+        if bad:
+            raise ValueError(f"Costs must be >= 0, got {bad}")
 
     def compute(self, op: Op, stage: int) -> float:
-        scale = self.stage_factor[stage] if stage < len(self.stage_factor) else 1.0
-        return getattr(self, Op(op).value) * scale
+        op = Op(op)
+        factors = self.backward_factor if op is not Op.F and self.backward_factor else self.stage_factor
+        scale = factors[stage] if stage < len(factors) else 1.0
+        return getattr(self, op.value) * scale
 
     def message(self) -> float:
         return self.p2p(self.message_bytes) if callable(self.p2p) else float(self.p2p)
@@ -77,6 +84,22 @@ class SimResult:
     peak_bytes: tuple[int, ...]         # the same in bytes (costs.activation_bytes each)
     times: Mapping[Action, tuple[float, float]] = field(repr=False)
     memory: tuple[tuple[tuple[float, int], ...], ...] = field(repr=False)  # (time, held) per rank
+
+    @property
+    def own_span_idle(self) -> tuple[float, ...]:
+        """Per rank: idle time between its own first action's start and last action's end.
+
+        `bubble` counts idle time in the step's span, from the first action on any rank to the
+        last: the fill and drain corners included. Qi et al. (2023) count it in each rank's own
+        span instead, because with their optimizer post-validation a rank's corners overlap
+        the previous and next iterations: ZB-H2 and ZB-V are "zero bubble" in that count.
+        """
+        first = [float("inf")] * self.schedule.num_ranks
+        last, busy = [0.0] * self.schedule.num_ranks, [0.0] * self.schedule.num_ranks
+        for a, (start, end) in self.times.items():
+            r = self.schedule.stage_to_rank[a.stage]
+            first[r], last[r], busy[r] = min(first[r], start), max(last[r], end), busy[r] + end - start
+        return tuple(max(0.0, e - s - b) for s, e, b in zip(first, last, busy))
 
     @property
     def bubble_relative(self) -> float:
@@ -205,9 +228,12 @@ def bubble_closed_form(name: str, p: int, m: int, v: int = 1, *, costs: Costs | 
 
     - naive: share (p-1)/p, relative p-1.
     - gpipe, 1f1b: share (p-1)/(m+p-1), relative (p-1)/m, whatever the ratio of B to F.
-    - interleaved_1f1b: share (p-1)/(v m + p-1), relative (p-1)/(v m). Needs m >= p.
+    - interleaved_1f1b, looped_bfs: share (p-1)/(v m + p-1), relative (p-1)/(v m). Needs m >= p.
     - zb_h1: idle (p-1) max(F, F+I-W), busy m (F+I+W): with F = I = W a third of 1F1B's.
-    - zbv, F = I = W: relative (p-1)/(6m), near zero as m grows. Needs m >= 2p.
+    - zb_h2, F = I = W: share (p-1)/(3m+p-1) of the step, as ZB-H1's; 0 in each rank's own
+      span for m >= 2p-1 (`SimResult.own_span_idle`, the count of Qi et al.). Needs m >= p.
+    - zbv, F = I = W: relative (p-1)/(6m) of the step; 0 in each rank's own span for m >= 2p-1.
+      Needs m >= 2p.
 
     Each formula is its schedule's `closed_form` in `pipelib.pipeline.schedules.registry`
     (derivations and citations there); a schedule without one raises a ValueError.

@@ -5,8 +5,8 @@ import pytest
 
 from pipelib.pipeline.schedules import (
     GENERATORS, Action, Op, Schedule, ScheduleDeadlock, as_schedule, dualpipe_v, format_table,
-    from_csv, gpipe, interleaved_1f1b, interleaved_zero_bubble, naive, one_f_one_b, read_csv,
-    to_csv, validate, write_csv, zbv, zero_bubble_h1,
+    from_csv, gpipe, interleaved_1f1b, interleaved_zero_bubble, looped_bfs, naive, one_f_one_b,
+    read_csv, schedule_info, to_csv, validate, write_csv, zbv, zero_bubble_h1,
 )
 
 PS = [1, 2, 3, 4, 8]
@@ -21,7 +21,7 @@ def cases():
     for p in PS:
         for m in ms(p):
             for name in GENERATORS:
-                if "interleaved" in name:
+                if schedule_info(name).chunked:
                     yield from ((name, (p, m, v)) for v in (1, 2, 3))
                 else:
                     yield name, (p, m)
@@ -31,7 +31,7 @@ def accepted(name, args):
     p, m = args[:2]
     if name == "dualpipe_v":
         return m >= 2 * p
-    if "interleaved" in name:
+    if "interleaved" in name:  # torch's rounds; looped BFS takes any m
         return m % max(1, m // p) == 0
     return True
 
@@ -250,7 +250,7 @@ def torch_order(ts, cls, p, m, v=1):
     """Run torch's own order generation without a process group (it only reads these fields)."""
     o = object.__new__(cls)
     o._num_stages, o.num_stages, o._n_microbatches = p * v, p * v, m
-    o.pp_group_size, o.n_local_stages = p, v
+    o.pp_group_size, o.n_local_stages, o._stages = p, v, [None] * v
     o.number_of_rounds = max(1, m // p)
     o.microbatches_per_round = m // o.number_of_rounds
     if cls in (ts.ScheduleGPipe, ts.Schedule1F1B):
@@ -287,6 +287,12 @@ def test_orders_match_torch(ts, p, m):
     assert flat(torch_order(ts, ts.ScheduleZBVZeroBubble, p, m, 2)[1]) == ours(zbv(p, m))
     if m >= 2 * p:
         assert flat(torch_order(ts, ts.ScheduleDualPipeV, p, m, 2)[1]) == ours(dualpipe_v(p, m))
+
+
+@pytest.mark.parametrize("p,m", PM + [(4, 2), (3, 5)])
+def test_looped_bfs_matches_torch(ts, p, m):
+    for v in (1, 2, 3):
+        assert flat(torch_order(ts, ts.ScheduleLoopedBFS, p, m, v)[1]) == ours(looped_bfs(p, m, v))
 
 
 @pytest.mark.parametrize("p,m", PM + [(4, 2), (8, 3)])

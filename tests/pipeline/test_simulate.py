@@ -2,8 +2,8 @@
 import pytest
 
 from pipelib.pipeline.schedules import (
-    Action, Op, ScheduleDeadlock, as_schedule, dualpipe_v, gpipe, interleaved_1f1b, naive,
-    one_f_one_b, zbv, zero_bubble_h1,
+    Action, Op, ScheduleDeadlock, as_schedule, dualpipe_v, gpipe, interleaved_1f1b, looped_bfs, naive,
+    one_f_one_b, zbv, zero_bubble_h1, zero_bubble_h2,
 )
 from pipelib.pipeline.simulate import Costs, SimResult, bubble_closed_form, simulate
 from pipelib.trace import Event, Kind, Trace
@@ -96,6 +96,61 @@ def test_zbv_bubble_near_zero_for_large_m(p):
         assert r.bubble < simulate(zero_bubble_h1(p, m), UNEQUAL).bubble
     assert rs[16 * p].bubble < 0.01
     assert max(rs[4 * p].peak_inflight) == 2 * p  # 2p half-size chunks: 1F1B's p stages' worth
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+def test_zb_h2_is_a_parallelogram_at_2p_microbatches_of_memory(p):
+    for m in range(1, 4 * p + 1):
+        r = simulate(zero_bubble_h2(p, m), UNEQUAL)
+        assert max(r.peak_inflight) == min(2 * p, m)
+        if m >= p:  # the step's span: ZB-H1's bubble, (p-1) F per rank
+            assert r.bubble == pytest.approx(bubble_closed_form("zb_h2", p, m, costs=UNEQUAL), abs=1e-12)
+            assert r.bubble == pytest.approx(simulate(zero_bubble_h1(p, m), UNEQUAL).bubble, abs=1e-12)
+        # each rank's own span (Qi et al.'s count): no idle once m >= 2p-1; ZB-H1 idles (p-1-r) F
+        assert (max(r.own_span_idle) == 0) == (m >= 2 * p - 1 or p == 1), m
+    h1 = simulate(zero_bubble_h1(p, 4 * p), UNEQUAL)
+    assert h1.own_span_idle == pytest.approx([(p - 1 - r) * UNEQUAL.F for r in range(p)])
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_zbv_has_no_idle_in_each_ranks_own_span(p):
+    chunk = Costs(F=0.5, B=1, I=0.5, W=0.5)
+    for m in range(2 * p - 1, 4 * p + 1):
+        assert max(simulate(zbv(p, m), chunk).own_span_idle) == 0, m
+    assert simulate(zbv(p, 4 * p), chunk).bubble_relative == pytest.approx((p - 1) / (24 * p))
+    assert max(simulate(zbv(p, 2 * p - 2), chunk).own_span_idle) > 0
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 12)])
+def test_v_schedules_send_twice_the_messages_of_1f1b(p, m):
+    def sends(s):
+        return len(simulate(s).events.filter(kind=Kind.SEND))
+    assert sends(one_f_one_b(p, m)) == sends(zero_bubble_h1(p, m)) == 2 * m * (p - 1)
+    assert sends(zbv(p, m)) == sends(dualpipe_v(p, m)) == 4 * m * (p - 1)  # 2p stages, turn local
+    assert sends(interleaved_1f1b(p, m, 2)) == 2 * m * (2 * p - 1)          # loop back to rank 0
+
+
+def test_stage_slowest_forward_and_another_slowest_backward():
+    """GPipe's step is sum(f + b) + (m-1)(max f + max b), not (m-1) max(f + b)."""
+    p, m = 4, 8
+    costs = Costs(F=1, B=2, stage_factor=(1, 3, 1, 1), backward_factor=(1, 1, 2, 1))
+    f = [costs.compute(Op.F, s) for s in range(p)]
+    b = [costs.compute(Op.B, s) for s in range(p)]
+    assert (f, b) == ([1, 3, 1, 1], [2, 2, 4, 2])
+    r = simulate(gpipe(p, m), costs)
+    assert r.makespan == pytest.approx(sum(f) + sum(b) + (m - 1) * (max(f) + max(b)))
+    assert r.makespan > sum(f) + sum(b) + (m - 1) * max(x + y for x, y in zip(f, b))
+    with pytest.raises(ValueError, match="backward_factor"):
+        Costs(backward_factor=(1, -1))
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (3, 6, 3)])
+def test_looped_bfs_has_interleavings_bubble_and_gpipes_memory(p, m, v):
+    chunk = UNEQUAL.scaled(1 / v)
+    bfs, inter = simulate(looped_bfs(p, m, v), chunk), simulate(interleaved_1f1b(p, m, v), chunk)
+    assert bfs.bubble == pytest.approx(inter.bubble, abs=1e-12)
+    assert bfs.bubble == pytest.approx(bubble_closed_form("looped_bfs", p, m, v, costs=chunk), abs=1e-12)
+    assert bfs.peak_inflight == (m * v,) * p       # m microbatches of every chunk: GPipe's m stages
 
 
 def test_dualpipe_v_simulates():

@@ -21,7 +21,7 @@ ROWS = 2  # rows per microbatch
 CASES = [("gpipe", 4, 4), ("gpipe", 4, 3), ("1f1b", 4, 4), ("1f1b", 4, 6),
          ("interleaved_1f1b", 4, 8), ("interleaved_1f1b", 4, 2), ("zb_h1", 4, 4),
          ("interleaved_zero_bubble", 4, 8), ("zbv", 4, 8), ("zbv", 4, 2), ("dualpipe_v", 4, 8),
-         ("gpipe", 2, 4), ("zbv", 2, 4)]
+         ("gpipe", 2, 4), ("zbv", 2, 4), ("looped_bfs", 4, 8), ("looped_bfs", 2, 4)]
 
 
 def _both(cases):

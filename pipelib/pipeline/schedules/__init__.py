@@ -5,15 +5,18 @@
 - `validation`: `validate` and its checks, `deadlock_message`, the messages between ranks;
 - `csv_io`: torch.distributed.pipelining's CSV (`from_csv`, `to_csv`, `read_csv`, `write_csv`);
 - `build`: the pieces generators share (size checks, placements, the looped order);
-- `generators`: `naive`, `gpipe`, `one_f_one_b`, `interleaved_1f1b`;
-- `zero_bubble`: `zero_bubble_h1`, `interleaved_zero_bubble`, `zbv`, `dualpipe_v`;
+- `generators`: `naive`, `gpipe`, `one_f_one_b`, `interleaved_1f1b`, `looped_bfs`;
+- `zero_bubble`: `zero_bubble_h1`, `zero_bubble_h2`, `interleaved_zero_bubble`, `zbv`,
+  `dualpipe_v`;
 - `registry`: one `ScheduleInfo` per schedule (`REGISTRY`, `schedule_info`, `make_schedule`),
   the only place where a schedule's name decides anything.
 
 Idle slots are never written into a schedule: they are an output of `pipelib.pipeline.simulate`.
 """
 from pipelib.pipeline.schedules.csv_io import from_csv, read_csv, to_csv, write_csv
-from pipelib.pipeline.schedules.generators import gpipe, interleaved_1f1b, naive, one_f_one_b
+from pipelib.pipeline.schedules.generators import (
+    gpipe, interleaved_1f1b, looped_bfs, naive, one_f_one_b,
+)
 from pipelib.pipeline.schedules.ir import (
     Action, Op, Schedule, ScheduleDeadlock, action_key, as_schedule, dependencies, first_unmet,
     format_table, from_actions, unit_step_order,
@@ -26,7 +29,7 @@ from pipelib.pipeline.schedules.validation import (
     validate,
 )
 from pipelib.pipeline.schedules.zero_bubble import (
-    dualpipe_v, interleaved_zero_bubble, zbv, zero_bubble_h1,
+    dualpipe_v, interleaved_zero_bubble, zbv, zero_bubble_h1, zero_bubble_h2,
 )
 
 __all__ = [
@@ -35,7 +38,7 @@ __all__ = [
     "validate", "ORDERS", "action_messages", "check_placement", "check_counts", "check_channels",
     "deadlock_message",
     "from_csv", "to_csv", "read_csv", "write_csv",
-    "naive", "gpipe", "one_f_one_b", "interleaved_1f1b",
-    "zero_bubble_h1", "interleaved_zero_bubble", "zbv", "dualpipe_v",
+    "naive", "gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs",
+    "zero_bubble_h1", "zero_bubble_h2", "interleaved_zero_bubble", "zbv", "dualpipe_v",
     "ScheduleInfo", "REGISTRY", "ALIASES", "GENERATORS", "schedule_info", "make_schedule",
 ]

@@ -1,11 +1,11 @@
-"""The classic schedules: naive, GPipe, 1F1B and interleaved 1F1B, as pure functions of integers.
+"""The classic schedules (naive, GPipe, 1F1B, interleaved 1F1B, looped BFS), functions of integers.
 
 p = ranks (the stages of a plain pipeline), m = num_microbatches, v = num_chunks (stages per
 rank of a looped schedule). Each returns a `Schedule`; its bubble and memory are computed by
 `pipelib.pipeline.simulate`, never written in. Each has one entry in `registry` (its name, its
 torch class, its closed-form bubble). The orders equal torch.distributed.pipelining's.
 
-Introduced in chapter 10 (naive), 11 (GPipe) and 12 (1F1B, interleaved).
+Introduced in chapter 10 (naive), 11 (GPipe) and 12 (1F1B, interleaved, looped BFS).
 """
 from __future__ import annotations
 
@@ -71,3 +71,25 @@ def interleaved_1f1b(p: int, m: int, num_chunks: int = 2) -> Schedule:
     v = num_chunks
     acts = tuple(tuple(looped_rank_ops(p, m, v, r, zero_bubble=False)) for r in range(p))
     return Schedule(acts, p * v, m, looped_placement(p, v), name="interleaved_1f1b")
+
+
+def looped_bfs(p: int, m: int, num_chunks: int = 2) -> Schedule:
+    """Looped BFS (Lamy-Poirier 2023, Breadth-First Pipeline Parallelism): GPipe, looped.
+
+    v = num_chunks stages per rank, stage s on rank s % p as in interleaved 1F1B, but each rank
+    runs *breadth first*: all m forwards of its first chunk, then all of its next chunk, ...;
+    then the backwards, last chunk first, each chunk's microbatches in reverse order (the last
+    forwarded is the first whose gradient can come back). Like GPipe every rank holds all m
+    microbatches at the turn; like interleaving the fill is a chunk's, not a stage's. Same
+    order as torch's ScheduleLoopedBFS.
+    """
+    check_sizes(looped_bfs, p, m, num_chunks)
+    v = num_chunks
+
+    def rank_ops(r: int) -> list[Action]:
+        stages = [c * p + r for c in range(v)]
+        return ([Action(s, Op.F, j) for s in stages for j in range(m)]
+                + [Action(s, Op.B, j) for s in reversed(stages) for j in reversed(range(m))])
+
+    return Schedule(tuple(tuple(rank_ops(r)) for r in range(p)), p * v, m, looped_placement(p, v),
+                    name="looped_bfs")

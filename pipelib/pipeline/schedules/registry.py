@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pipelib.checks import check_int
-from pipelib.pipeline.schedules.generators import gpipe, interleaved_1f1b, naive, one_f_one_b
+from pipelib.pipeline.schedules.generators import (
+    gpipe, interleaved_1f1b, looped_bfs, naive, one_f_one_b,
+)
 from pipelib.pipeline.schedules.ir import Schedule
 from pipelib.pipeline.schedules.zero_bubble import (
-    dualpipe_v, interleaved_zero_bubble, zbv, zero_bubble_h1,
+    dualpipe_v, interleaved_zero_bubble, zbv, zero_bubble_h1, zero_bubble_h2,
 )
 
 # A closed form: (p, m, v, costs) -> (idle, busy) seconds per rank; costs has F, B, I, W
@@ -58,6 +60,15 @@ def looped_fill_and_drain(p, m, v, c):
     return (p - 1) * t, v * m * t
 
 
+def breadth_first(p, m, v, c):
+    """Looped BFS (Lamy-Poirier 2023), costs per chunk: the fill and drain of one chunk, as
+    interleaved 1F1B's: idle (p-1) t, busy v m t, share (p-1)/(v m + p-1), but with GPipe's
+    memory (all m microbatches at the turn). Needs m >= p."""
+    _steady("looped_bfs", p, m, p)
+    t = c.F + c.B
+    return (p - 1) * t, v * m * t
+
+
 def deferred_w(p, m, v, c):
     """ZB-H1 (Qi et al. 2023): idle (p-1) max(F, F+I-W), busy m (F+I+W): with F = I = W, share
     (p-1)/(3m + p-1), relative (p-1)/(3m), a third of 1F1B's. Needs m >= p."""
@@ -65,9 +76,23 @@ def deferred_w(p, m, v, c):
     return (p - 1) * max(c.F, c.F + c.I - c.W), m * (c.F + c.I + c.W)
 
 
+def parallelogram(p, m, v, c):
+    """ZB-H2 (Qi et al. 2023), F = I = W: rank r starts r F late and, busy to its last action,
+    ends (p-1-r) F early: idle (p-1) F, busy m (F+I+W), share (p-1)/(3m + p-1) of one step,
+    as ZB-H1's. Counted in each rank's own span (Qi et al., with post-validation) it is 0 for
+    m >= 2p-1: `SimResult.own_span_idle`. Needs m >= p."""
+    _steady("zb_h2", p, m, p)
+    if not c.F == c.I == c.W:
+        raise ValueError(f"bubble_closed_form('zb_h2') holds for F = I = W only, got F={c.F}, "
+                         f"I={c.I}, W={c.W}; use simulate() for other costs")
+    return (p - 1) * c.F, m * (c.F + c.I + c.W)
+
+
 def v_filled(p, m, v, c):
     """ZB-V (Qi et al. 2023), costs per chunk with F = I = W: idle (p-1) F (filling the V once),
-    busy 2m (F+I+W): relative (p-1)/(6m), near zero as m grows. Needs m >= 2p."""
+    busy 2m (F+I+W): relative (p-1)/(6m) of one step's span. Qi et al. give 0: they count idle
+    time in each rank's own span, which has none for m >= 2p-1 (`SimResult.own_span_idle`); the
+    corners overlap the next iteration with post-validation. Needs m >= 2p."""
     _steady("zbv", p, m, 2 * p)
     if not c.F == c.I == c.W:
         raise ValueError(f"bubble_closed_form('zbv') holds for F = I = W only, got F={c.F}, "
@@ -122,8 +147,12 @@ REGISTRY: dict[str, ScheduleInfo] = {info.name: info for info in (
                  aliases=("one_f_one_b",), torch_needs_m_ge_p=True),
     ScheduleInfo("interleaved_1f1b", interleaved_1f1b, "ScheduleInterleaved1F1B", chunked=True,
                  closed_form=looped_fill_and_drain),
+    ScheduleInfo("looped_bfs", looped_bfs, "ScheduleLoopedBFS", chunked=True,
+                 closed_form=breadth_first),
     ScheduleInfo("zb_h1", zero_bubble_h1, "ScheduleInterleavedZeroBubble", split_backward=True,
                  closed_form=deferred_w, aliases=("zero_bubble_h1", "zbh1")),
+    ScheduleInfo("zb_h2", zero_bubble_h2, None, split_backward=True, closed_form=parallelogram,
+                 aliases=("zero_bubble_h2", "zbh2")),
     ScheduleInfo("interleaved_zero_bubble", interleaved_zero_bubble,
                  "ScheduleInterleavedZeroBubble", chunked=True, split_backward=True),
     ScheduleInfo("zbv", zbv, "ScheduleZBVZeroBubble", split_backward=True, v_shaped=True,

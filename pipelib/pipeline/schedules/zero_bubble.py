@@ -4,13 +4,16 @@ Qi et al. 2023, "Zero Bubble Pipeline Parallelism" (ICLR 2024): only I is on the
 path between stages, because only the input gradient is sent to the previous stage. W needs no
 message, so it can be deferred into what would otherwise be bubbles. ZB-H1 keeps 1F1B's peak
 memory (at most p microbatches in flight on any rank) and cuts its bubble to about a third;
-ZB-V places two stages per rank in a V and, with equal F, I and W times, nearly removes it.
-DualPipeV is DeepSeek-V3's (2024) V-shaped DualPipe, pairing one microbatch's forward with
-another's backward so their communication can overlap.
+ZB-H2 lets up to 2p microbatches be in flight and turns the step into a parallelogram: no rank
+idles between its own first and last action. ZB-V places two stages per rank in a V and, with
+equal F, I and W times, does the same at 1F1B's peak memory. DualPipe (DeepSeek-V3, 2024) feeds
+microbatches from both ends of the pipeline, pairing one microbatch's forward with another's
+backward so their communication can overlap; DualPipeV (Sea AI Lab's "cut-in-half" DualPipe)
+keeps one direction by folding the stages into a V.
 
 Orders follow torch.distributed.pipelining (ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble,
-ScheduleDualPipeV), so the book can check them against each other. Each schedule has one entry
-in `registry`. Chapter 13.
+ScheduleDualPipeV), so the book can check them against each other; torch has no ZB-H2. Each
+schedule has one entry in `registry`. Chapter 13.
 """
 from __future__ import annotations
 
@@ -48,6 +51,49 @@ def interleaved_zero_bubble(p: int, m: int, num_chunks: int = 2) -> Schedule:
     v = num_chunks
     acts = tuple(tuple(looped_rank_ops(p, m, v, r, zero_bubble=True)) for r in range(p))
     return Schedule(acts, p * v, m, looped_placement(p, v), name="interleaved_zero_bubble")
+
+
+def zero_bubble_h2(p: int, m: int) -> Schedule:
+    """ZB-H2 (Qi et al. 2023, section 3.1): ZB-H1 with 2p microbatches in flight, a parallelogram.
+
+    ZB-H1 idles (p-1)F per rank: before its first I, rank r has only its p-1-r warm-up forwards
+    to run. ZB-H2 gives it more: up to 2p microbatches may be in flight (forwarded, W not yet
+    done), so rank r warms up with 2(p-1-r)+1 forwards, exactly enough to stay busy until its
+    first input gradient comes back, and it pushes Ws to the tail. With F = I = W each rank is
+    busy from its first action to its last (for m >= 2p-1): the step is a parallelogram whose
+    corners, (p-1)F per rank, are the only idle time. Qi et al. call that zero bubble because,
+    with their optimizer post-validation (section 4), the corners overlap the previous and next
+    iterations; counted in one step's span the bubble is (p-1)/(3m+p-1), as for ZB-H1.
+
+    Built as the paper's handcrafted ZB-H2 is drawn, with every op one time unit: in each slot
+    every rank runs the first it can of: I of its oldest forwarded microbatch whose gradient has
+    arrived; F of its next microbatch, if its input has arrived and fewer than 2p are in flight;
+    W of its oldest pending I. torch.distributed.pipelining has no ZB-H2.
+    """
+    check_sizes(zero_bubble_h2, p, m)
+    limit, done = 2 * p, set()
+    nxt = {op: [0] * p for op in (Op.F, Op.I, Op.W)}
+    acts: list[list[Action]] = [[] for _ in range(p)]
+    while any(n < m for n in nxt[Op.W]):
+        ran = []
+        for r in range(p):
+            i, f = nxt[Op.I][r], nxt[Op.F][r]
+            if i < f and (r == p - 1 or (r + 1, Op.I, i) in done):
+                op = Op.I
+            elif f < m and (r == 0 or (r - 1, Op.F, f) in done) and f - nxt[Op.W][r] < limit:
+                op = Op.F
+            elif nxt[Op.W][r] < i:
+                op = Op.W
+            else:
+                continue
+            ran.append(Action(r, op, nxt[op][r]))
+            nxt[op][r] += 1
+        if not ran:  # cannot happen: the last rank can always go on; a guard against a loop
+            raise AssertionError(f"zero_bubble_h2({p}, {m}) is stuck")
+        for a in ran:
+            acts[a.stage].append(a)
+            done.add((a.stage, a.op, a.microbatch))
+    return Schedule(tuple(map(tuple, acts)), p, m, tuple(range(p)), name="zb_h2")
 
 
 class _Emitter:
@@ -142,7 +188,13 @@ def _dualpipe_v_rank_ops(p: int, m: int, r: int) -> list[Action]:
 
 
 def dualpipe_v(p: int, m: int) -> Schedule:
-    """DualPipeV (DeepSeek-V3, 2024): a V of two stages per rank, F of one chunk beside B of the other.
+    """DualPipeV: DeepSeek-V3's DualPipe (2024) cut in half (Sea AI Lab, 2025), in a V.
+
+    DualPipe runs two pipelines at once, microbatches entering at both ends: each rank holds
+    two stages (stage r of one direction, stage p-1-r of the other), so two copies of the
+    parameters; its bubble, in the DeepSeek-V3 report's units, is (p/2 - 1)(F&B + B - 3W)
+    against 1F1B's (p-1)(F + B). DualPipeV keeps one direction and one copy of the parameters
+    by folding the 2p stages into a V, as ZB-V does.
 
     In the steady state each rank runs a forward of one chunk next to a full backward of the
     other chunk; on GPUs the two overlap so one's all-to-all hides behind the other's compute
