@@ -1,6 +1,7 @@
 # make venv   .venv with pipelib and its pinned dependencies (skipped when it exists)
 # make book   fetch the offline JavaScript, run every notebook, build _build/html with -W
 # make lab    JupyterLab, to read and run the chapters live
+# make soak   the chapters that time real processes, 3 times on 2 busy cores (see below)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -36,6 +37,30 @@ test: venv browser
 	$(BIN)/python -m pytest tests notebooks --ignore=tests/fixtures -p no:cacheprovider \
 		--nbval-lax --nbval-cell-timeout=600 --nbval-sanitize-with=tests/nbval_sanitize.cfg \
 		--durations=15 $(PYTEST_FLAGS)
+
+# make soak   chapters 01, 04, 05 and 06 (the ones that time real processes) under nbval SOAK_RUNS
+#             times in a row while two busy loops keep both cores of a 2-core laptop busy: every
+#             measured assertion must hold on a loaded machine. The loops are killed on any exit,
+#             and stop by themselves should the shell that started them die.
+SOAK_CHAPTERS ?= notebooks/01_hardware.ipynb notebooks/04_parallel_computing.ipynb \
+	notebooks/05_point_to_point.ipynb notebooks/06_collectives.ipynb
+SOAK_RUNS ?= 3
+SOAK_BURNERS ?= 2
+.PHONY: soak
+soak: venv
+	@SOAK_BURN='import os; p = os.getppid(); exec("while os.getppid() == p:\n    for _ in range(100000): pass")'; \
+	burners=""; trap 'kill $$burners 2>/dev/null; wait $$burners 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	for i in $$(seq $(SOAK_BURNERS)); do $(BIN)/python -c "$$SOAK_BURN" & burners="$$burners $$!"; done; \
+	echo "soak: $(SOAK_BURNERS) busy loops (pids$$burners), $(SOAK_RUNS) runs"; \
+	passed=0; \
+	for run in $$(seq $(SOAK_RUNS)); do \
+		echo "=== soak run $$run/$(SOAK_RUNS), load $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+		if $(BIN)/python -m pytest $(SOAK_CHAPTERS) -p no:cacheprovider -q \
+			--nbval-lax --nbval-cell-timeout=600 --nbval-sanitize-with=tests/nbval_sanitize.cfg \
+			$(PYTEST_FLAGS); then passed=$$((passed + 1)); fi; \
+	done; \
+	echo "=== soak: $$passed/$(SOAK_RUNS) runs passed with $(SOAK_BURNERS) busy loops"; \
+	test $$passed -eq $(SOAK_RUNS)
 
 # Debian's Chromium for the browser check (installed when missing and we may use apt)
 browser:

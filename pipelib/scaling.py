@@ -1,16 +1,19 @@
 """Amdahl's and Gustafson's laws, measured on the cluster and fitted.
 
-Amdahl (1967), strong scaling: a fixed problem with serial fraction s on k workers runs
-    T(k) = T(1) * (s + (1 - s) / k),   speedup S(k) = 1 / (s + (1 - s) / k) <= 1 / s.
-Gustafson (1988), weak scaling: the parallel part grows with k, the serial part does not;
-with s the serial share of the time on k workers, the scaled speedup is
-    S(k) = s + (1 - s) * k.
+Notation as in the book (book/notation.md): s is the serial fraction, N the number of workers
+(the argument `k` of these functions, and the key "k" of their rows).
+
+Amdahl (1967), strong scaling: a fixed problem with serial fraction s on N workers runs
+    T(N) = T(1) * (s + (1 - s) / N),   speedup S(N) = 1 / (s + (1 - s) / N) <= 1 / s.
+Gustafson (1988), weak scaling: the parallel part grows with N, the serial part does not;
+with s the serial share of the time on N workers, the scaled speedup is
+    S(N) = s + (1 - s) * N.
 
 The experiment (`strong_scaling_step`, `weak_scaling_step`) runs on every rank of a cluster:
-rank 0 does the serial part, sends the input to the other workers, all k workers do their share
+rank 0 does the serial part, sends the input to the other workers, all N workers do their share
 of the parallel part as real matrix multiplications, and rank 0 gathers their results. On a
 simulated device the times come from the FLOPs; on the cpu device they are measured, and the
-contention of k engines on a few cores shows up as a larger fitted serial fraction.
+contention of N engines on a few cores shows up as a larger fitted serial fraction.
 
 Introduced in chapter 04.
 """

@@ -6,7 +6,9 @@ ping-pong or a ring step (`pipelib.comm.lab` measures them), and from them `pred
 gives the time of every collective of `pipelib.comm.collectives` (Thakur, Rabenseifner &
 Gropp 2005), without the reduction's compute unless `gamma` is given.
 
-n is the size of the group; N is the tensor's bytes. Chunked collectives split dim 0 with
+The book writes N for the size of the group and n for the tensor's bytes (book/notation.md);
+here the group size is the argument `n` and the bytes `nbytes`, and the table below uses the
+book's symbols. Chunked collectives split dim 0 with
 `torch.tensor_split` semantics (the first ``len % n`` chunks are one row longer, `chunk_sizes`),
 so any size works. Bytes sent per rank (exact: `expected_bytes`, the tests check them against
 the counters) and time (divisible sizes):
@@ -14,13 +16,13 @@ the counters) and time (divisible sizes):
 =====================  =============================  ==========================================
 collective             bytes sent by one rank         time (divisible sizes)
 =====================  =============================  ==========================================
-broadcast (tree)       N x children in the tree       ceil(log2 n) (alpha + N/beta)
-reduce (tree)          N (0 on the root)              ceil(log2 n) (alpha + N/beta)
-all_reduce_naive       (n-1) N                        (n-1) (alpha + N/beta)
-all_reduce (ring)      2 (n-1)/n N                    2(n-1) alpha + 2(n-1)/n N/beta
-reduce_scatter (ring)  (n-1)/n N                      (n-1) alpha + (n-1)/n N/beta
-all_gather (ring)      (n-1) N   (N = one input)      (n-1) (alpha + N/beta)
-all_to_all (pairwise)  (n-1)/n N                      (n-1) alpha + (n-1)/n N/beta
+broadcast (tree)       n x children in the tree       ceil(log2 N) (alpha + n/beta)
+reduce (tree)          n (0 on the root)              ceil(log2 N) (alpha + n/beta)
+all_reduce_naive       (N-1) n                        (N-1) (alpha + n/beta)
+all_reduce (ring)      2 (N-1)/N n                    2(N-1) alpha + 2(N-1)/N n/beta
+reduce_scatter (ring)  (N-1)/N n                      (N-1) alpha + (N-1)/N n/beta
+all_gather (ring)      (N-1) n   (n = one input)      (N-1) (alpha + n/beta)
+all_to_all (pairwise)  (N-1)/N n                      (N-1) alpha + (N-1)/N n/beta
 =====================  =============================  ==========================================
 
 `NAMES` is the one tuple of the collectives' names (the lab, the agreement check and the
@@ -109,6 +111,34 @@ def predict_collectives(nbytes: int, n: int, alpha: float, beta: float) -> dict[
 def message_times(nbytes, alpha: float, beta: float) -> list[float]:
     """The fitted line at each size: alpha + n / beta seconds for a message of n bytes."""
     return [alpha + n / beta for n in nbytes]
+
+
+# ------------------------------------------------------------------ at scale (chapter 06's Deepen)
+def bus_bandwidth_factor(name: str, n: int) -> float:
+    """nccl-tests' bus bandwidth = algorithm bandwidth (bytes / time) x this factor, so that a
+    collective reaching the link's speed shows the link's speed whatever n (nccl-tests,
+    doc/PERFORMANCE.md): 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter, all-gather and
+    all-to-all (bytes of the *whole* tensor: all-gather's output), 1 for broadcast and reduce."""
+    check_name(name)
+    if name in ("all_reduce", "all_reduce_naive"):
+        return 2 * (n - 1) / n
+    if name in ("reduce_scatter", "all_gather", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+def tree_all_reduce_time(nbytes: int, n: int, alpha: float, beta: float) -> float:
+    """A pipelined (double) binary tree all-reduce, model only: up and down a tree of depth
+    ceil(log2 n), 2 ceil(log2 n) alpha, with the tensor streamed through in pieces so the
+    bytes cost about 2 nbytes/beta (two trees, each carrying half: Sanders, Speck & Traeff 2009;
+    NCCL's trees since 2.4). Against the ring's 2(n-1) alpha: logarithmic latency."""
+    return 2 * tree_steps(n) * alpha + 2 * nbytes / beta
+
+
+def ring_latency_bound_ranks(nbytes: int, alpha: float, beta: float) -> float:
+    """Ranks beyond which the ring all-reduce's latency term 2(n-1) alpha exceeds its bandwidth
+    term 2(n-1)/n nbytes/beta: n alpha = nbytes/beta, so n* = nbytes / (alpha beta)."""
+    return nbytes / (alpha * beta)
 
 
 # ------------------------------------------------------------------ fitting and comparing

@@ -5,10 +5,8 @@ one-way time of an n-byte message. Over sizes from 1 byte to tens of MiB the poi
 t(n) = alpha + n / beta (Hockney 1994): alpha, the latency, dominates small messages; beta, the
 bandwidth, large ones. A least-squares fit gives both (`pipelib.comm.alphabeta.fit_alpha_beta`),
 and from them the time of every collective (`pipelib.comm.alphabeta.predicted_time`, e.g. ring
-all-reduce 2(n-1) alpha + 2(n-1)/n N / beta). This module measures; `alphabeta` computes.
-
-On a simulated device the fit returns the profile's link exactly (a test checks it); on the
-cpu device it measures loopback TCP through gloo.
+all-reduce 2(N-1) alpha + 2(N-1)/N n / beta on N ranks). This module measures; `alphabeta`
+computes. A simulated device's fit returns its profile's link exactly; cpu measures loopback TCP.
 
 A ring keeps every link busy at once, and on a laptop the "links" are processes sharing a few
 cores: a ping-pong between two ranks (one message in flight) overstates the bandwidth each
@@ -22,7 +20,7 @@ collective the same way on every rank, so chapter 06 can set measured beside pre
     table = alphabeta.compare("all_reduce", meas, world_size, alpha, beta)
 
 On real cores the reduction itself takes time too: `reduce_rate` measures it, and
-``alphabeta.compare(..., gamma=1 / rate)`` adds the (n-1)/n N bytes each rank reduces (Thakur
+``alphabeta.compare(..., gamma=1 / rate)`` adds the (N-1)/N n bytes each rank reduces (Thakur
 et al. 2005).
 
 Introduced in chapter 05; `ring_shift`, `measure_collective` and `reduce_rate` in chapter 06.
@@ -45,7 +43,8 @@ def _check_repeats(repeats, warmup, what: str) -> None:
 def pingpong(sizes=DEFAULT_SIZES, repeats: int = 5, ranks=(0, 1), group=None, warmup: int = 1) -> list[dict] | None:
     """Run on every rank of the cluster (`cluster.run(pingpong, sizes)`); ranks outside `ranks`
     return None at once. Returns, on ranks[0] and ranks[1], one row per size: bytes, one-way time
-    (median over `repeats` round trips, halved), bandwidth in bytes/s."""
+    (median of `repeats` round trips, halved), best (the fastest: other programs only ever add
+    time), times (all of them), bandwidth in bytes/s (from the median)."""
     _check_repeats(repeats, warmup, "pingpong")
     import torch
     import torch.distributed as dist
@@ -75,7 +74,8 @@ def pingpong(sizes=DEFAULT_SIZES, repeats: int = 5, ranks=(0, 1), group=None, wa
             if i >= warmup:
                 times.append((dev.now() - t0) / 2)
         t = statistics.median(times)
-        rows.append({"bytes": buf.numel(), "time": t, "bandwidth": buf.numel() / t if t > 0 else float("inf")})
+        rows.append({"bytes": buf.numel(), "time": t, "best": min(times), "times": times,
+                     "bandwidth": buf.numel() / t if t > 0 else float("inf")})
     return rows
 
 
@@ -235,7 +235,8 @@ def overlap_demo(mode: str, delay: float = 0.05, work: float = 0.05, numel: int 
     """Rank 1 posts its receive `delay` seconds late; rank 0 sends, then computes for `work`
     seconds. gloo sends are rendezvous, so a *blocking* send holds rank 0 until rank 1 is
     ready: delay + work. With `isend` the compute overlaps the wait: max(delay, work).
-    Returns rank 0's elapsed seconds (None elsewhere). Run it on the cpu device."""
+    Returns rank 0's elapsed seconds (None elsewhere). Run it on the cpu device. A barrier
+    first: `cluster.run` reaches the engines one after the other, a skew rank 1's delay lacks."""
     import time
 
     import torch
@@ -245,6 +246,7 @@ def overlap_demo(mode: str, delay: float = 0.05, work: float = 0.05, numel: int 
 
     r = dist.get_rank()
     x = torch.ones(numel)
+    dist.barrier()
     if r == 1:
         time.sleep(delay)
         comms.recv(x, 0)

@@ -1,6 +1,7 @@
 """pipelib.hardware: the machine measured: FLOP/s, memory and file bandwidth, links, the roofline.
 
-- `machine`: `machine_info` (what this machine is) and `best_time`, the timer every measurement uses;
+- `machine`: `machine_info` (what this machine is), `cpu_sharing` (who else wants its cores) and
+  `best_time`, the timer every measurement uses;
 - `compute`: `measure_matmul`, `measure_softmax`, `measure_attention`: FLOP/s, as `MeasuredOp`s;
 - `bandwidth`: `measure_stream` (STREAM's copy, add, triad) and `read_bandwidth_curve` (caches, RAM);
 - `storage`: `file_read_bandwidth`: write, read from the page cache, read after eviction;
@@ -35,6 +36,8 @@ from pipelib._lazy import lazy
 API: dict[str, str] = {
     "MachineInfo": "machine",
     "machine_info": "machine",
+    "CpuSharing": "machine",
+    "cpu_sharing": "machine",
     "num_threads": "machine",
     "synchronize": "machine",
     "best_time": "machine",

@@ -75,6 +75,45 @@ def machine_info() -> MachineInfo:
                        torch.__version__, gpu)
 
 
+@dataclass(frozen=True)
+class CpuSharing:
+    """Who else wants this machine's CPUs right now (/proc/loadavg, sysfs topology)."""
+
+    cores: int                 # CPUs this process may use
+    hyperthreads: bool | None  # are two of them the hardware threads of one physical core?
+    running: int               # runnable tasks at this instant, this process included
+    load_1min: float           # average runnable tasks over the last minute
+
+    @property
+    def busy_elsewhere(self) -> float:
+        """Cores' worth of work other programs want now: a thread beyond our own that runs."""
+        return max(0.0, self.load_1min - 1.0)
+
+
+def cpu_sharing() -> CpuSharing:
+    """What competes with a measurement for the CPUs: hyperthread siblings and other processes.
+
+    Two "CPUs" that are the two hardware threads of one core share its vector units, so a
+    compute-bound matmul gains little from the second; and a load above 1 means other programs
+    take time slices on the cores a second thread would use.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    smt = None
+    try:
+        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+        smt = "," in text or "-" in text
+    except OSError:
+        pass
+    try:
+        with open("/proc/loadavg") as f:
+            fields = f.read().split()
+        load, running = float(fields[0]), int(fields[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        load, running = 0.0, 1
+    return CpuSharing(cores, smt, running, load)
+
+
 @contextlib.contextmanager
 def num_threads(n: int | None):
     """Run the body with torch using n threads (None: leave as is)."""

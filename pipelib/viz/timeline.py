@@ -226,6 +226,6 @@ def speedup_figure(series: dict, laws: dict, title: str = "Speedup") -> go.Figur
     for i, (name, (ks, ys)) in enumerate(series.items()):
         fig.add_trace(go.Scatter(x=list(ks), y=list(ys), mode="markers", name=name,
                                  marker=dict(size=10, color=PALETTE[i % len(PALETTE)])))
-    fig.update_layout(title=title, xaxis_title="workers k", yaxis_title="speedup",
+    fig.update_layout(title=title, xaxis_title="workers N", yaxis_title="speedup",
                       template="plotly_white", height=380, margin=dict(l=10, r=10, t=50, b=10))
     return fig

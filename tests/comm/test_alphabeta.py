@@ -104,3 +104,24 @@ def test_compare_is_measured_over_predicted():
     # ring all-reduce on 2 ranks: 2 alpha + N / beta
     assert [o["predicted"] for o in out] == [2.0, 3.0]
     assert [round(o["error"], 12) for o in out] == [0.5, round(2.5 / 3 - 1, 12)]
+
+
+def test_bus_bandwidth_factors_are_nccl_tests():
+    assert alphabeta.bus_bandwidth_factor("all_reduce", 4) == 1.5
+    assert alphabeta.bus_bandwidth_factor("all_gather", 8) == alphabeta.bus_bandwidth_factor("reduce_scatter", 8) == 7 / 8
+    assert alphabeta.bus_bandwidth_factor("broadcast", 8) == 1.0
+    with pytest.raises(ValueError, match="unknown collective"):
+        alphabeta.bus_bandwidth_factor("allreduce", 4)
+
+
+def test_ring_latency_takes_over_beyond_n_over_alpha_beta_where_a_tree_wins():
+    alpha, beta, nbytes = 5e-6, 50e9, 2**27
+    n_star = alphabeta.ring_latency_bound_ranks(nbytes, alpha, beta)
+    assert n_star == nbytes / (alpha * beta)
+    below, above = int(n_star), int(n_star) + 1        # latency term vs bandwidth term of the ring
+    assert 2 * (below - 1) * alpha <= 2 * (below - 1) / below * nbytes / beta
+    assert 2 * (above - 1) * alpha > 2 * (above - 1) / above * nbytes / beta
+    ring = lambda n: predicted_time("all_reduce", nbytes, n, alpha, beta)  # noqa: E731
+    tree = lambda n: alphabeta.tree_all_reduce_time(nbytes, n, alpha, beta)  # noqa: E731
+    assert tree(4096) == 2 * 12 * alpha + 2 * nbytes / beta
+    assert ring(8) < tree(8) and tree(4096) < ring(4096)

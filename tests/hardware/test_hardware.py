@@ -140,3 +140,9 @@ def test_pingpong_between_two_cpu_engines():
     assert 1e6 < m.bandwidth < 1e12             # and MB/s to GB/s
     assert m.one_way[-1] > m.one_way[0] * 0.5   # a MiB is not faster than 8 bytes by much
     assert math.isfinite(m.link().time(2**20))
+
+
+def test_cpu_sharing_reads_this_machine():
+    s = hw.cpu_sharing()
+    assert s.cores >= 1 and s.running >= 1 and s.load_1min >= 0 and s.busy_elsewhere >= 0
+    assert s.hyperthreads in (True, False, None)
