@@ -1,12 +1,17 @@
 """The static book: it builds with warnings as errors, its pages load nothing from another host,
-and a headless Chromium, with every outside request blocked, finds the page's plotly figures
-drawn, its equations typeset and its widgets rendered.
+and a headless Chromium (Playwright, Debian's browser), with every outside request the page makes
+blocked, finds the page's plotly figures drawn, its equations typeset and its widgets rendered,
+with no JavaScript error, each page under 1.5 MB and its first figure drawn within 2 s (best of
+up to 3 fresh loads), every plotly slider changing its figure when moved, and no ipywidget on a
+chapter's page (its callbacks cannot run there: it would look live and do nothing).
 
     .venv/bin/python -m pytest -m book tests/test_book.py
     PIPELIB_BOOK_BUILT=1 ...   reuse the book already in _build/html (e.g. made by `make book`)
+    PIPELIB_BOOK_BUILT=DIR ... reuse the book built in DIR (its html folder)
 
-The browser needs Debian's `chromium` (apt-get install chromium): without it the browser test
-is skipped, except under CI=true, where it fails.
+The browser needs Debian's `chromium` (apt-get install chromium) and Playwright for Python
+(the dev extra; its own browser download is not used): without them the browser test is
+skipped, except under CI=true, where it fails. Timings are printed (`-s`).
 """
 from __future__ import annotations
 
@@ -14,7 +19,6 @@ import http.server
 import os
 import re
 import shutil
-import socketserver
 import subprocess
 import sys
 import threading
@@ -37,6 +41,7 @@ JUPYTER_BOOK = Path(sys.executable).parent / "jupyter-book"
 # _config.yml) is always opened too: it holds an equation, a figure and a widget, so the
 # plumbing is checked whatever the chapters contain.
 BOOK_PAGES = [
+    "book/intro.html",
     "notebooks/01_hardware.html",
     "notebooks/02_deep_learning.html",
     "notebooks/03_transformers.html",
@@ -49,16 +54,13 @@ BOOK_PAGES = [
     "notebooks/13_zero_bubble.html",
 ]
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# Requests Chromium makes on its own (updates, clock, sign-in), whatever the page: not the book's.
-CHROMIUM_OWN_HOSTS = {
-    "update.googleapis.com", "clients2.google.com", "accounts.google.com",
-    "optimizationguide-pa.googleapis.com", "safebrowsing.googleapis.com",
-    "clientservices.googleapis.com", "redirector.gvt1.com", "edgedl.me.gvt1.com",
-    # Chromium 150 preconnects to its default search engine and sign-in, even for a data: URL
-    "www.google.com", "android.clients.google.com",
-}
+# cell tags that keep a cell's outputs out of the book (myst-nb)
+HIDDEN_OUTPUT = {"remove-output", "remove_output", "remove-cell", "remove_cell"}
+# Page weight and speed, measured in Chromium from a local server
+MAX_PAGE_BYTES = 1_500_000
+MAX_FIRST_FIGURE_S = 2.0
 
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # <script src="http..."> <link href="//..."> and the like, in any attribute order
 OUTSIDE_TAG = re.compile(
     r"<(?:script|link|img|iframe|source|video|audio|embed)\b[^>]*?\b(?:src|href)\s*=\s*"
@@ -102,8 +104,10 @@ def _staged_from_nbval(executed: dict) -> Path | None:
     """A copy of the book whose chapters carry the outputs nbval computed in this session.
 
     None unless every chapter of the toc ran under nbval in this session (notebooks/conftest.py).
-    The copy's config does not execute notebooks, except a chapter whose outputs hold a widget:
-    the build runs that one again (nbval does not record widget state, which the page needs).
+    The copy's config does not execute notebooks, except a chapter whose outputs hold a widget
+    the page shows: the build runs that one again (nbval does not record widget state, which the
+    page needs). A widget in a `remove-output` cell (live in JupyterLab, hidden in the book)
+    needs no state.
     """
     import nbformat
     import yaml
@@ -122,7 +126,8 @@ def _staged_from_nbval(executed: dict) -> Path | None:
     for f in chapters:
         nb = nbformat.read(str(executed[(ROOT / f"{f}.ipynb").resolve()]), as_version=4)
         widgets = any("application/vnd.jupyter.widget-view+json" in out.get("data", {})
-                      for cell in nb.cells for out in cell.get("outputs", []))
+                      for cell in nb.cells for out in cell.get("outputs", [])
+                      if not HIDDEN_OUTPUT & set(cell.get("metadata", {}).get("tags", [])))
         if widgets:
             nb = nbformat.read(str(ROOT / f"{f}.ipynb"), as_version=4)
             nb.metadata["mystnb"] = {"execution_mode": "force"}
@@ -137,13 +142,16 @@ def built_book(book_assets, request) -> Path:
 
     After nbval ran every chapter in this session (`pytest tests notebooks`, as `make test`
     does), the book is built from those executed chapters in _build/staged; otherwise every
-    chapter runs again in the build, into _build/html. PIPELIB_BOOK_BUILT=1 reuses _build/html.
+    chapter runs again in the build, into _build/html. PIPELIB_BOOK_BUILT=1 reuses _build/html,
+    PIPELIB_BOOK_BUILT=DIR the html folder DIR.
     """
-    if os.environ.get("PIPELIB_BOOK_BUILT") == "1":
-        assert (BUILD_HTML / "index.html").is_file(), (
-            f"PIPELIB_BOOK_BUILT=1 but {BUILD_HTML}/index.html does not exist: run `make book`"
+    built = os.environ.get("PIPELIB_BOOK_BUILT")
+    if built:
+        html = BUILD_HTML if built == "1" else Path(built)
+        assert (html / "index.html").is_file(), (
+            f"PIPELIB_BOOK_BUILT={built} but {html}/index.html does not exist: run `make book`"
         )
-        return BUILD_HTML
+        return html
     (ROOT / "_build").mkdir(exist_ok=True)
     stage = _staged_from_nbval(getattr(request.config, "pipelib_executed", {}))
     source = stage or ROOT
@@ -186,6 +194,21 @@ def test_book_builds_every_page_of_the_toc(built_book):
     assert not missing, f"pages listed in _toc.yml but not built: {missing}"
 
 
+def test_index_links_every_written_chapter(built_book):
+    """The intro's chapter list: a link for each chapter of the toc, none for a chapter to come."""
+    intro = (built_book / "book" / "intro.html").read_text()
+    chapters = intro[intro.index('id="chapters"'):]
+    targets = re.findall(r'<a class="reference internal" href="([^"#]+)', chapters)
+    linked = {Path(t).stem for t in targets}
+    written = {Path(f).name for f in _toc_files() if f.startswith("notebooks/")}
+    assert written <= linked, f"chapters not linked from the intro: {sorted(written - linked)}"
+    dangling = [t for t in targets if not (built_book / "book" / t).resolve().is_file()]
+    assert not dangling, f"links to pages that do not exist: {dangling}"
+    for line in re.findall(r"<li>(.*?)</li>", chapters, re.S):
+        if "(coming)" in line:
+            assert "<a " not in line, f"a chapter still to come is a link: {line}"
+
+
 def test_notebooks_run_on_the_venv_kernel(probe_book):
     """The kernel that executes the book's notebooks is the interpreter running the build."""
     page = (probe_book / "book_probe.html").read_text()
@@ -223,73 +246,75 @@ def test_pages_load_nothing_from_another_host(which, request):
 
 # ---- browser --------------------------------------------------------------------------------
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    served: list = []
-
-    def log_request(self, code="-", size="-"):
-        self.served.append((self.path, int(code) if str(code).isdigit() else 0))
-
-    def log_message(self, *args):
-        pass
-
-
-class _Trap(socketserver.StreamRequestHandler):
-    """The proxy every outside request is sent to: it records the request and refuses it."""
-    seen: list = []
-
-    def handle(self):
-        line = self.rfile.readline(8192).decode("latin1").strip()
-        if line:
-            self.seen.append(line)
-        self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-
-
-def _host(request_line: str) -> str:
-    # "CONNECT host:443 HTTP/1.1" or "GET http://host/path HTTP/1.1"
-    target = request_line.split()[1] if len(request_line.split()) > 1 else request_line
-    target = target.split("://", 1)[-1]
-    return target.split("/", 1)[0].rsplit(":", 1)[0]
-
-
 @pytest.fixture
 def browser_page(request) -> tuple[Path, str]:
     which, page = request.param
     return request.getfixturevalue("probe_book" if which == "probe" else "built_book"), page
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture
-def local_servers(browser_page):
-    """An http server for the built book and a trap proxy, both on 127.0.0.1, free ports."""
+def local_server(browser_page):
+    """An http server for the built book on 127.0.0.1, a free port."""
     html_dir, _ = browser_page
 
     class Handler(_QuietHandler):
-        served = []
-
         def __init__(self, *a, **kw):
             super().__init__(*a, directory=str(html_dir), **kw)
 
-    class Trap(_Trap):
-        seen = []
-
     web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    trap = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Trap)
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (web, trap)]
-    for t in threads:
-        t.start()
-    yield web.server_address[1], trap.server_address[1], Handler.served, Trap.seen
-    for s in (web, trap):
-        s.shutdown()
-        s.server_close()
+    thread = threading.Thread(target=web.serve_forever, daemon=True)
+    thread.start()
+    yield web.server_address[1]
+    web.shutdown()
+    web.server_close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # not session: one sync Playwright at a time (tests/test_lab.py)
 def chromium():
     if not Path(CHROMIUM).exists():
         message = f"{CHROMIUM} not found: apt-get install chromium"
         if os.environ.get("CI") == "true":
             pytest.fail(message + " (CI=true: the browser check is required)")
         pytest.skip(message)
-    return CHROMIUM
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("playwright missing (CI=true): pip install -e '.[dev]'")
+        pytest.skip("playwright missing: pip install -e '.[dev]'")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"])
+        yield browser
+        browser.close()
+
+
+# Installed before any page script: the time the first plotly figure is drawn (ms from the
+# start of navigation), whatever draws it.
+FIRST_FIGURE_JS = """
+window.__firstFigure = null;
+new MutationObserver((_, obs) => {
+  if (document.querySelector('.js-plotly-plot .main-svg')) {
+    window.__firstFigure = performance.now();
+    obs.disconnect();
+  }
+}).observe(document, {childList: true, subtree: true});
+"""
+
+
+def _is_local(url: str) -> bool:
+    if url.startswith(("data:", "blob:", "about:")):
+        return True
+    host = url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+    return host in ("127.0.0.1", "localhost")
 
 
 @pytest.mark.parametrize(
@@ -297,52 +322,126 @@ def chromium():
     [("probe", "book_probe.html")] + [("book", page) for page in BOOK_PAGES],
     indirect=True, ids=lambda p: p[1].removesuffix(".html"),
 )
-def test_browser_draws_figures_math_and_widgets(chromium, browser_page, local_servers, tmp_path):
-    html_dir, page = browser_page
-    port, trap_port, served, outside = local_servers
-    source = (html_dir / page).read_text()
+def test_browser_draws_figures_math_and_widgets(chromium, browser_page, local_server):
+    html_dir, page_name = browser_page
+    port = local_server
+    source = (html_dir / page_name).read_text()
+    size = (html_dir / page_name).stat().st_size
     n_figures = source.count('class="plotly-graph-div"')
     n_math = len(re.findall(r'class="math notranslate', source))
     n_widgets = source.count('type="application/vnd.jupyter.widget-view+json"')
-    assert n_figures >= 1, f"{page} has no plotly figure to check"
-    if page == "book_probe.html":
+    if page_name.startswith("notebooks/") or page_name == "book_probe.html":
+        assert n_figures >= 1, f"{page_name} has no plotly figure to check"
+    if page_name == "book_probe.html":
         assert n_math >= 1 and n_widgets >= 1, "the probe page lost its equation or its widget"
 
-    shots = ROOT / "_build" / "browser"
-    shots.mkdir(parents=True, exist_ok=True)
-    screenshot = shots / (page.replace("/", "_").removesuffix(".html") + ".png")
-    cmd = [
-        chromium, "--headless", "--no-sandbox", "--disable-gpu",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dns-prefetch-disable",
-        "--disable-features=NetworkTimeServiceQuerying,NetworkPrediction,PreconnectToSearch,MediaRouter",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
-        # whatever still asks for an outside host goes to the trap, which records and refuses it
-        f"--proxy-server=http://127.0.0.1:{trap_port}",
-        "--hide-scrollbars", "--window-size=1280,4000", "--virtual-time-budget=10000",
-        f"--screenshot={screenshot}", "--dump-dom", f"http://127.0.0.1:{port}/{page}",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    dom = proc.stdout
-    assert proc.returncode == 0 and "</html>" in dom, (
-        f"chromium failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-    )
-    (shots / screenshot.name.replace(".png", ".dom.html")).write_text(dom)
+    context = chromium.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    errors, outside, missing = [], [], []
+    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    page.on("console", lambda m: errors.append(f"console.error: {m.text} ({m.location.get('url')})")
+            if m.type == "error" and not m.location.get("url", "").endswith("/favicon.ico") else None)
+    page.on("response", lambda r: missing.append(r.url) if r.status >= 400
+            and not r.url.endswith("/favicon.ico") else None)
 
-    drawn = dom.count('<div class="plot-container plotly"')
-    assert drawn >= n_figures and 'class="main-svg"' in dom, (
-        f"{drawn} of {n_figures} plotly figures drawn on {page}: plotly.min.js missing or "
-        "loaded after the figures' inline scripts (book/_ext/offline_assets.py)"
-    )
-    typeset = dom.count("<mjx-container")
-    assert typeset >= n_math, f"{typeset} of {n_math} equations typeset by MathJax on {page}"
-    rendered = dom.count('class="widget-subarea"')
-    assert rendered >= n_widgets and (n_widgets == 0 or "jupyter-widgets" in dom), (
-        f"{rendered} of {n_widgets} widgets rendered from saved state on {page}"
-    )
+    def route(r):  # only the page's own requests: Chromium's background ones never come here
+        if _is_local(r.request.url):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
 
-    missing = sorted({path for path, code in served if code >= 400 and path != "/favicon.ico"})
-    assert not missing, f"{page} asked the book for files it does not have: {missing}"
-    asked = [line for line in outside if _host(line) not in CHROMIUM_OWN_HOSTS]
-    assert not asked, f"{page} tried to reach other hosts (blocked): {asked}"
-    assert screenshot.is_file()
+    page.route("**/*", route)
+    page.add_init_script(FIRST_FIGURE_JS)
+    try:
+        page.goto(f"http://127.0.0.1:{port}/{page_name}", wait_until="load", timeout=60_000)
+        first_figure_s = 0.0
+        if n_figures:
+            page.wait_for_function("() => window.__firstFigure !== null", timeout=30_000)
+            first_figure_s = page.evaluate("window.__firstFigure") / 1000
+        page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length "
+                               f">= {n_figures}", timeout=30_000)
+        if n_math:
+            page.wait_for_function("() => window.MathJax && MathJax.startup && "
+                                   "MathJax.startup.promise.then(() => true)", timeout=30_000)
+            page.wait_for_function(f"() => document.querySelectorAll('mjx-container').length >= {n_math}",
+                                   timeout=30_000)
+        if n_widgets:
+            page.wait_for_function(f"() => document.querySelectorAll('.widget-subarea').length "
+                                   f">= {n_widgets}", timeout=30_000)
+        page.wait_for_timeout(500)  # late errors (widget callbacks, typesetting)
+        dead_controls = _plotly_sliders_that_do_nothing(page)
+        shots = ROOT / "_build" / "browser"
+        shots.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=shots / (page_name.replace("/", "_").removesuffix(".html") + ".png"),
+                        full_page=True)
+        drawn = page.evaluate("() => document.querySelectorAll('.js-plotly-plot .main-svg').length")
+    finally:
+        context.close()
+
+    print(f"\n{page_name}: {size / 1e6:.2f} MB, first figure at {first_figure_s:.2f} s, "
+          f"{n_figures} figures, {n_math} equations, {n_widgets} widgets")
+    assert not errors, f"JavaScript errors on {page_name}:\n" + "\n".join(errors[:20])
+    assert not dead_controls, f"plotly sliders on {page_name} that change nothing: {dead_controls}"
+    if page_name.startswith("notebooks/"):
+        # a widget's Python callbacks cannot run in a static page: it would look live and do
+        # nothing. Tag its cell `remove-output` (it stays live in JupyterLab) and show a
+        # plotly-native control over precomputed states (pipelib.pipeline.explorer_sweep).
+        assert n_widgets == 0, f"{page_name} shows {n_widgets} ipywidgets that cannot compute here"
+    assert drawn >= n_figures, f"{drawn} of {n_figures} plotly figures drawn on {page_name}"
+    assert not missing, f"{page_name} asked the book for files it does not have: {missing}"
+    assert not outside, f"{page_name} tried to reach other hosts (blocked): {outside}"
+    assert size <= MAX_PAGE_BYTES, (
+        f"{page_name} weighs {size / 1e6:.2f} MB (> {MAX_PAGE_BYTES / 1e6} MB): smaller figures "
+        "(pipelib.viz), or a widget state saved in the page")
+    if page_name == "book_probe.html":  # a test fixture, not a page of the book: no timing
+        return
+    tries = [first_figure_s]
+    while tries[-1] > MAX_FIRST_FIGURE_S and len(tries) < 3:  # the machine may be busy a moment
+        tries.append(_first_figure_s(chromium, f"http://127.0.0.1:{port}/{page_name}"))
+    if len(tries) > 1:
+        print(f"{page_name}: first figure at {' / '.join(f'{t:.2f}' for t in tries)} s in "
+              f"{len(tries)} fresh loads")
+    assert min(tries) <= MAX_FIRST_FIGURE_S, (
+        f"{page_name}: first figure drawn after {', '.join(f'{t:.2f}' for t in tries)} s "
+        f"in {len(tries)} fresh loads (> {MAX_FIRST_FIGURE_S} s)")
+
+
+# what a plotly figure shows: enough to tell that a slider step changed it
+FIGURE_STATE_JS = """gd => JSON.stringify([gd.layout.title && gd.layout.title.text,
+  (gd._fullData || []).map(t => [t.x && Array.from(t.x), t.base && Array.from(t.base), t.y && Array.from(t.y)])])"""
+
+
+def _plotly_sliders_that_do_nothing(page) -> list[str]:
+    """Click the start of every plotly slider (the static book's controls); list those that
+    leave their figure as it was."""
+    dead = []
+    figures = page.locator(".js-plotly-plot")
+    for i in range(figures.count()):
+        gd = figures.nth(i)
+        rail = gd.locator(".slider-rail-touch-rect")
+        if rail.count() == 0:
+            continue
+        rail.first.scroll_into_view_if_needed()
+        before = gd.evaluate(FIGURE_STATE_JS)
+        box = rail.first.bounding_box()
+        page.mouse.click(box["x"] + 3, box["y"] + box["height"] / 2)
+        try:
+            page.wait_for_function(f"([gd, before]) => ({FIGURE_STATE_JS})(gd) !== before",
+                                   arg=[gd.element_handle(), before], timeout=5_000)
+        except Exception:  # playwright's TimeoutError
+            dead.append(gd.evaluate("gd => gd.layout.title && gd.layout.title.text") or f"figure {i}")
+    return dead
+
+
+def _first_figure_s(browser, url: str) -> float:
+    """Seconds from navigation to the first drawn plotly figure, in a fresh browser context."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    try:
+        page = context.new_page()
+        page.add_init_script(FIRST_FIGURE_JS)
+        page.goto(url, wait_until="load", timeout=60_000)
+        page.wait_for_function("() => window.__firstFigure !== null", timeout=30_000)
+        return page.evaluate("window.__firstFigure") / 1000
+    finally:
+        context.close()

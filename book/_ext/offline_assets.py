@@ -13,6 +13,9 @@ points `mathjax_path` and `nb_ipywidgets_js` at. This extension does the rest:
 - stops the build (a clear error) when the vendored files are missing;
 - warns (an error under `-W`) when a page would load a script or stylesheet from another host,
   whatever added it: a theme, an extension, a notebook output;
+- keeps each page script once and drops sphinx-thebe's (thebe is off; its inline `const`
+  configuration was on every page twice, a SyntaxError), and the widget state and scripts of a
+  page that shows no widget (`_clean_scripts`);
 - replaces myst-nb's "skipping unknown output mime type" warning, which fires for every figure
   `show` displays (its bundle carries the plotly mimetype for JupyterLab beside the HTML the book
   uses), by a precise one: an output warns when it holds a mimetype myst-nb cannot render, unless
@@ -62,6 +65,53 @@ def _check_assets(app: Sphinx, config) -> None:
 def _add_plotly(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
     if app.builder.format == "html" and FIGURE_MARKER in context.get("body", ""):
         app.add_js_file(PLOTLY_JS, priority=100)
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def _script_key(asset) -> tuple:
+    attrs = getattr(asset, "attributes", {}) or {}
+    return str(getattr(asset, "filename", asset) or ""), tuple(sorted(attrs.items()))
+
+
+def _clean_scripts(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Each script once, and none of sphinx-thebe's.
+
+    Jupyter Book 1 always loads sphinx-thebe, which registers its configuration as an inline
+    script, `const THEBE_JS_URL = "https://unpkg.com/..."; const thebe_selector = ...`, with
+    `app.add_js_file(None, body=...)` from `env-before-read-docs`: Sphinx puts it in the
+    extension registry and in the HTML builder; when the builder (re)reads the registry it adds
+    the same script as filename `''`, and its duplicate check compares filenames (None != ''),
+    so every page got the inline script twice (sphinx-togglebutton's `var togglebuttonSelector`
+    too). `var` may be declared twice; `const` may not: every page threw "Identifier
+    'THEBE_JS_URL' has already been declared". Thebe is off (`launch_buttons.thebe: false`) and would load from a CDN
+    anyway, so its two scripts are dropped; any other exact duplicate is kept once.
+
+    A page that shows no widget view also loses the widget state and the widget scripts.
+    """
+    if app.builder.format != "html" or "script_files" not in context:
+        return
+    # A page whose widget views are all hidden (`remove-output`: a live control that cannot
+    # compute in a static page) still carries the executed notebook's widget state, every
+    # model with the figures inside it, and the widget manager that would render none of it.
+    no_views = WIDGET_VIEW not in context.get("body", "")
+    # as the builder names them: Sphinx prefixes a local script with _static/
+    widget_js = ({f"_static/{f}" for f in app.config.nb_ipywidgets_js}
+                 | set(app.config.nb_ipywidgets_js)) if no_views else set()
+    seen, kept = set(), []
+    for asset in context["script_files"]:
+        key = _script_key(asset)
+        attrs = dict(key[1])
+        body = str(attrs.get("body", ""))
+        if key in seen or "THEBE_JS_URL" in body or key[0].endswith("sphinx-thebe.js"):
+            continue
+        if no_views and (attrs.get("type") == WIDGET_STATE or key[0] in widget_js):
+            continue
+        seen.add(key)
+        kept.append(asset)
+    context["script_files"][:] = kept
 
 
 def _forbid_outside(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
@@ -132,6 +182,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", _own_mime_warning)
     app.connect("doctree-read", _check_outputs)
     app.connect("html-page-context", _add_plotly)
+    app.connect("html-page-context", _clean_scripts, priority=800)
     # late, to see what other extensions (myst-nb's widget scripts, mathjax) added to the page
     app.connect("html-page-context", _forbid_outside, priority=900)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

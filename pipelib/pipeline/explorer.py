@@ -111,7 +111,8 @@ def explorer_sweep(param: str, values, **setting):
     if param not in Setting.__dataclass_fields__:
         raise ValueError(f"param={param!r}; choose one of {list(Setting.__dataclass_fields__)}")
     traces = {str(x): predict(Setting(**{**setting, param: x})).events for x in values}
-    name = setting.get("schedule", Setting.schedule)
+    # a sweep over schedules names each in its frame's heading, not the default schedule
+    name = "Schedules" if param == "schedule" else setting.get("schedule", Setting.schedule)
     return sweep_figure(traces, f"{name}, simulated", param=param)
 
 
@@ -186,7 +187,8 @@ class Explorer(widgets.VBox):
     """Controls, a summary line, a "Run on cluster" button and the figures (an Output area).
 
     Every change re-simulates and redraws (`redraw`, timed in `last_redraw_s`); the button runs
-    `measure` and draws measured above predicted. The figures are written into the Output's
+    `measure` and draws measured above predicted, starting the cluster first when it was stopped
+    (a chapter's last cell stops it: after Run All, the button still works). The figures are written into the Output's
     outputs as the bundle `pipelib.viz.display.show` emits, so they render without a kernel too.
     """
 
@@ -258,6 +260,11 @@ class Explorer(widgets.VBox):
             return None
         self.button.disabled, self.report.value = True, "running one step on the cluster..."
         try:
+            if not getattr(self.cluster, "running", True):
+                # stopped (a chapter's last cell stops it, and Run All gets there): start it again
+                self.report.value = "the cluster was stopped: starting it (about 10 s)..."
+                self.cluster.start()
+                self.report.value = "running one step on the cluster..."
             self.measurement = ms = measure(self.cluster, st)
         except Exception as e:  # noqa: BLE001 - a failed run is reported in the widget
             msg = html.escape(f"{type(e).__name__}: {e}")

@@ -67,6 +67,10 @@ def test_sweep_has_one_frame_per_value_and_titles_from_the_simulation():
     for f, m in zip(fig.frames, [4, 8, 16]):
         assert f"bubble {100 * 3 / (m + 3):.1f}%" in f.layout.title.text
     assert [s.label for s in fig.layout.sliders[0].steps] == ["4", "8", "16"]
+    by_schedule = explorer_sweep("schedule", ["gpipe", "zbv"], p=4, m=8)
+    assert [f.layout.title.text.split("<br>")[0] for f in by_schedule.frames] == [
+        "Schedules, simulated"] * 2  # not the default schedule's name
+    assert "schedule = zbv" in by_schedule.frames[1].layout.title.text
     with pytest.raises(ValueError, match="param='k'"):
         explorer_sweep("k", [1])
 
@@ -146,6 +150,28 @@ def test_button_needs_a_cluster_with_enough_ranks_and_reports_failures():
     e.button.click()
     assert "RuntimeError: engines are down" in e.report.value and e.measurement is None
     assert not e.button.disabled and len(e.output.outputs) == 2  # the prediction stays
+
+
+class StoppedCluster(FakeCluster):
+    """A cluster whose last cell stopped it: the button starts it before measuring."""
+
+    def __init__(self, world_size):
+        super().__init__(world_size)
+        self.running, self.starts = False, 0
+
+    def start(self):
+        self.running, self.starts = True, self.starts + 1
+        return self
+
+
+def test_button_starts_a_stopped_cluster_first():
+    c = StoppedCluster(4)
+    e = explorer(c, schedule="1f1b", p=4, m=8)
+    assert not e.button.disabled  # a stopped cluster is still a cluster to run on
+    e.button.click()
+    assert c.starts == 1 and c.running
+    assert "RuntimeError: engines are down" in e.report.value  # it went on to measure
+    assert "stopped" not in e.report.value
 
 
 # ----------------------------------------------------------------------------- the cluster
