@@ -25,8 +25,14 @@ book: venv
 	$(BIN)/jupyter-book build . --warningiserror --nitpick --keep-going $(BOOK_FLAGS)
 	@echo "The book: $(CURDIR)/_build/html/index.html"
 
+# No "Would you like to get notified about official Jupyter news?" pop-up and no update check:
+# the venv's settings overrides say no, and the server fetches nothing.
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 lab: venv
-	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 $(LAB_FLAGS)
+	@mkdir -p $(dir $(LAB_OVERRIDES))
+	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $(LAB_OVERRIDES)
+	$(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --LabApp.news_url=None \
+		--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate $(LAB_FLAGS)
 
 # make test   everything CI checks: unit and cluster tests, nbval on every chapter, the static
 #             book built with -W and opened in headless Chromium, and no process left behind
