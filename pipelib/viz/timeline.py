@@ -30,7 +30,7 @@ KIND_COLORS = {
     Kind.TRANSFER: "#72B7B2",
     Kind.COLLECTIVE: "#B279A2",
 }
-LABEL_COLORS = {"F": "#4C78A8", "B": "#54A24B", "I": "#54A24B", "W": "#9D755D",
+LABEL_COLORS = {"F": "#4C78A8", "B": "#54A24B", "I": "#88C95F", "W": "#9D755D",
                 "serial": "#E45756", "parallel": "#4C78A8", "optimizer": "#B279A2"}
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6"]
 OP_NAMES = {"F": "forward", "B": "backward", "I": "backward, input gradient",
@@ -138,11 +138,12 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     keys = [_order(_groups(t, show_kinds)) for t in traces]
     fig = go.Figure([bar for i, (t, r, k) in enumerate(zip(traces, rows, keys))
                      for bar in _bars(t, show_kinds, unit, scale, rnd, names=r, keys=k, faded=i == 1)])
+    idle_bars = " and recv-wait bars" if Kind.RECV_WAIT in show_kinds else ""
     steps = " · ".join(f"{g + ' ' if overlay is not None else ''}{short_number(t.span * scale)} {unit}"
                        for t, g in zip(traces, groups))
     fig.update_layout(
         title=dict(text=f"{title}<br><sub>bubble {_bubble(traces, groups, overlay is not None)} of "
-                        f"{trace.world_size} ranks × step {steps} · gaps are idle time</sub>"),
+                        f"{trace.world_size} ranks × step {steps} · idle: gaps{idle_bars}</sub>"),
         xaxis=dict(title=f"time ({unit})", range=[0, span * scale * 1.02]),
         yaxis=dict(categoryarray=[n for r in rows for n in r][::-1], categoryorder="array"),
         height=260 + 38 * sum(t.world_size for t in traces), **LAYOUT,
