@@ -18,6 +18,11 @@ its "embedding group" {first rank, last rank}; `embedding_group` builds that gro
 (each of the two ranks sends V*C*itemsize bytes and receives as many). When one rank holds both
 stages (V schedules) the two uses accumulate into one parameter and nothing is sent.
 
+Balancing by parameters or FLOPs: `gpt_unit_costs` prices the embedding, each block and the
+head by parameters or forward FLOPs; balance="params" or "flops" folds the embedding into the
+first block and the head into the last, then minimises the most expensive stage. An embedding
+has many parameters and almost no FLOPs (a lookup), the tied head few new ones and many FLOPs.
+
 Introduced in chapter 12 (pipelining a real model); the executor is `pipelib.pipeline.step.execute`.
 """
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pipelib.pipeline.executor import execute
 from pipelib.pipeline.stage import Stage, layer_cost, partition
 from pipelib.pipeline.schedules import Schedule, as_schedule
 
-__all__ = ["PIPELINE_GPT", "gpt_stages", "tied_ranks", "embedding_group", "sum_tied_grads",
+__all__ = ["PIPELINE_GPT", "gpt_stages", "gpt_unit_costs", "gpt_stage_costs", "tied_ranks", "embedding_group", "sum_tied_grads",
            "make_tokens", "check_gpt_step", "gpt_train_step", "run_gpt_train_step",
            "gpt_monolith_step"]
 
@@ -45,15 +50,59 @@ PIPELINE_GPT = GPTConfig(vocab_size=65, block_size=16, n_layer=8, n_head=2, n_em
 _TIE_TAG = 7000  # the tied-gradient exchange; apart from execute's tags (2 * stage + kind)
 
 
+_BY = ("params", "flops")
+
+
+def gpt_unit_costs(model: GPT, by: str = "flops", seq_len: int | None = None) -> list[float]:
+    """Cost of [embed, *blocks, head]: parameters (a stage's copy of the tied weight counts on
+    both ends), or forward FLOPs of one sequence of `seq_len` tokens (FlopCounterMode)."""
+    if by not in _BY:
+        raise ValueError(f"by={by!r}; use one of {_BY}")
+    units = [model.embed, *model.blocks, model.head]
+    if by == "params":
+        return [float(sum(q.numel() for q in u.parameters())) for u in units]
+    from torch.utils.flop_counter import FlopCounterMode
+
+    idx = torch.zeros(1, seq_len or model.config.block_size, dtype=torch.long)  # (1, T)
+    out, x = [], idx
+    with torch.no_grad():
+        for u in units:
+            with FlopCounterMode(display=False) as fc:
+                x = u(x)  # (1, T, C), then (1, T, V)
+            out.append(float(fc.get_total_flops()))
+    return out
+
+
+def _block_costs(model: GPT, balance, seq_len=None):
+    """(partition's balance, one cost per block): embed folded into block 0, head into the last."""
+    if balance not in _BY:
+        return balance, [layer_cost(b) for b in model.blocks]
+    c = gpt_unit_costs(model, balance, seq_len)
+    blocks = c[1:-1]
+    blocks[0] += c[0]
+    blocks[-1] += c[-1]
+    return "cost", blocks
+
+
+def gpt_stage_costs(model: GPT, num_stages: int, balance="layers", by: str = "flops",
+                    seq_len: int | None = None) -> list[float]:
+    """Per stage of `gpt_stages(model, num_stages, balance)`: its parameters or forward FLOPs."""
+    c = gpt_unit_costs(model, by, seq_len)
+    bounds = partition(len(model.blocks), num_stages, *_block_costs(model, balance, seq_len))
+    return [sum(c[1 + i] for i in r) + (c[0] if k == 0 else 0) + (c[-1] if k == num_stages - 1 else 0)
+            for k, r in enumerate(bounds)]
+
+
 def gpt_stages(model: GPT, num_stages: int, balance="layers") -> list[nn.Sequential]:
     """Cut `model` into `num_stages` `nn.Sequential`s of shared (not copied) modules.
 
     Stage 0: [embed, its blocks]; last stage: [its blocks, head]; between: blocks only. With a
     single stage: [embed, every block, head]. `balance` splits the blocks as
-    `pipelib.pipeline.stage.partition` does ("layers", "cost" or a list of block counts).
+    `pipelib.pipeline.stage.partition` does ("layers", "cost" or a list of block counts), or
+    "params" / "flops" to balance whole stages, embedding and head included (`gpt_unit_costs`).
     """
     blocks = list(model.blocks)
-    bounds = partition(len(blocks), num_stages, balance, [layer_cost(b) for b in blocks])
+    bounds = partition(len(blocks), num_stages, *_block_costs(model, balance))
     stages = []
     for k, r in enumerate(bounds):
         mods = [model.embed] if k == 0 else []
@@ -141,7 +190,7 @@ def check_gpt_step(schedule, p=None, m=None, gpt_config=None, batch_size=None, *
         raise ValueError(f"GPTConfig(n_layer={cfg.n_layer}) has {cfg.n_layer} blocks but schedule "
                          f"{s.name!r} has num_stages={s.num_stages} stages; every stage needs at "
                          f"least one block: use n_layer >= {s.num_stages} or fewer stages")
-    partition(cfg.n_layer, s.num_stages, balance, [1.0] * cfg.n_layer)
+    partition(cfg.n_layer, s.num_stages, "cost" if balance in _BY else balance, [1.0] * cfg.n_layer)
     _check_one_stage_split(s)
     if seq_len is not None and not 1 <= seq_len <= cfg.block_size:
         raise ValueError(f"seq_len={seq_len} must be between 1 and block_size={cfg.block_size}")

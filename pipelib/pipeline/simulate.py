@@ -36,7 +36,10 @@ class Costs:
     compute (an unbalanced split); `backward_factor[s]`, when given, scales its B, I and W
     instead (a stage can be the slowest forward and another the slowest backward, chapter 10).
     For interleaved schedules the costs are per stage chunk: `costs.scaled(1 / v)` keeps the
-    work per rank equal to a plain pipeline's.
+    work per rank equal to a plain pipeline's. `all_to_all`: seconds of expert-parallel
+    all-to-all (dispatch and combine) in each F, B and I of a chunk, paid serially, except by
+    an F followed on its rank by a B of another stage (DualPipeV's overlapped pair): the pair
+    takes max(F + B, 2 * all_to_all), each one's all-to-all hidden behind the other's compute.
     """
 
     F: float = 1.0
@@ -48,9 +51,10 @@ class Costs:
     activation_bytes: int = 0  # bytes one stage keeps for backward, per microbatch
     stage_factor: tuple[float, ...] = ()
     backward_factor: tuple[float, ...] = ()
+    all_to_all: float = 0.0    # per F, B and I of a chunk (expert parallelism, chapter 13)
 
     def __post_init__(self):
-        bad = {k: getattr(self, k) for k in "FBIW" if getattr(self, k) < 0}
+        bad = {k: getattr(self, k) for k in (*"FBIW", "all_to_all") if getattr(self, k) < 0}
         bad.update({k: getattr(self, k) for k in ("stage_factor", "backward_factor")
                     if any(f < 0 for f in getattr(self, k))})
         if bad:
@@ -61,6 +65,10 @@ class Costs:
         factors = self.backward_factor if op is not Op.F and self.backward_factor else self.stage_factor
         scale = factors[stage] if stage < len(factors) else 1.0
         return getattr(self, op.value) * scale
+
+    def serial(self, op: Op, stage: int) -> float:
+        """An action's time on its own: compute plus its all-to-all (none for W)."""
+        return self.compute(op, stage) + (self.all_to_all if Op(op) is not Op.W else 0.0)
 
     def message(self) -> float:
         return self.p2p(self.message_bytes) if callable(self.p2p) else float(self.p2p)
@@ -144,12 +152,13 @@ class _Sim:
                     t, peer = arrive, self.s.stage_to_rank[st]
         return t, peer
 
-    def run(self, rank: int, a: Action, ready: float, peer: int | None) -> None:
+    def run(self, rank: int, a: Action, ready: float, peer: int | None,
+            duration: float | None = None) -> None:
         start = max(self.free[rank], ready)
         if peer is not None and start > self.free[rank]:
             self.events.append(Event(rank, Kind.RECV_WAIT, "wait", self.free[rank], start,
                                      stage=a.stage, microbatch=a.microbatch, peer=peer))
-        end = start + self.costs.compute(a.op, a.stage)
+        end = start + (self.costs.serial(a.op, a.stage) if duration is None else duration)
         self.held[rank] += {Op.F: 1, Op.B: -1, Op.W: -1}.get(a.op, 0)
         self.memory[rank].append((end, self.held[rank]))
         mem = self.held[rank] * self.costs.activation_bytes if self.costs.activation_bytes else None
@@ -171,6 +180,24 @@ class _Sim:
         self.events.append(Event(rank, Kind.TRANSFER, kind, t0, t1, stage=stage, microbatch=j,
                                  bytes=nbytes, peer=to))
 
+    def pair(self, rank: int, a: Action) -> Action | None:
+        """The B overlapped with F `a` (DualPipeV's F&B), when there is an all-to-all to hide."""
+        acts, k = self.s.actions[rank], self.pos[rank] + 1
+        if self.costs.all_to_all > 0 and a.op is Op.F and k < len(acts):
+            b = acts[k]
+            return b if b.op is Op.B and b.stage != a.stage else None
+        return None
+
+    def run_pair(self, rank: int, a: Action, b: Action, got_a, got_b) -> None:
+        """F and B started together; compute and all-to-all overlap, F's share of it first."""
+        fc, bc = self.costs.compute(a.op, a.stage), self.costs.compute(b.op, b.stage)
+        total = max(fc + bc, 2 * self.costs.all_to_all)
+        ready = max(got_a[0], got_b[0])
+        peer = got_a[1] if got_a[0] >= got_b[0] else got_b[1]
+        f_share = total * fc / (fc + bc) if fc + bc > 0 else total / 2
+        self.run(rank, a, ready, peer, f_share)
+        self.run(rank, b, self.free[rank], None, total - f_share)
+
     def advance(self) -> bool:
         """Run every action whose inputs are known; False when nothing could run."""
         moved = False
@@ -180,8 +207,16 @@ class _Sim:
                 got = self.inputs_at(rank, a)
                 if got is None:
                     break
-                self.run(rank, a, *got)
-                self.pos[rank] += 1
+                b = self.pair(rank, a)
+                if b is not None:
+                    got_b = self.inputs_at(rank, b)
+                    if got_b is None:
+                        break
+                    self.run_pair(rank, a, b, got, got_b)
+                    self.pos[rank] += 2
+                else:
+                    self.run(rank, a, *got)
+                    self.pos[rank] += 1
                 moved = True
         return moved
 

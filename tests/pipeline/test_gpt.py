@@ -112,6 +112,24 @@ def test_gpt_stages_put_embedding_and_head_at_the_ends():
     assert list(one) == [model.embed, *model.blocks, model.head]
 
 
+
+def test_flop_balance_beats_parameter_balance():
+    """A big vocabulary: the embedding is parameters without FLOPs, the tied head FLOPs."""
+    from pipelib.pipeline.gpt import gpt_stage_costs, gpt_unit_costs
+
+    model = GPT(GPTConfig(vocab_size=1024, block_size=16, n_layer=10, n_head=2, n_embd=32))
+    params, flops = gpt_unit_costs(model, "params"), gpt_unit_costs(model, "flops")
+    assert flops[0] == 0 and params[0] > 2 * params[1] and flops[-1] > 2 * flops[1]
+    assert [len(s) for s in gpt_stages(model, 4, "flops")] == [1 + 3, 3, 3, 1 + 1]
+    assert [len(s) for s in gpt_stages(model, 4, "params")] == [1 + 1, 4, 4, 1 + 1]
+    by_flops = {b: max(gpt_stage_costs(model, 4, b, "flops")) for b in ("params", "flops")}
+    assert by_flops["flops"] < by_flops["params"]
+    assert sum(gpt_stage_costs(model, 4, "flops", "flops")) == sum(flops)
+    check_gpt_step("1f1b", 4, 4, CFG, balance="flops")
+    with pytest.raises(ValueError, match="by='bytes'"):
+        gpt_unit_costs(model, "bytes")
+
+
 # ----------------------------------------------------------------------------- bad input
 class NoCluster:
     world_size = 4

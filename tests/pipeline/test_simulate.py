@@ -252,3 +252,38 @@ def test_actions_keep_rank_order():
     # Every cross-rank input arrived before the action that needs it started.
     a = Action(4, Op.F, 0)
     assert r.times[a][0] >= r.times[Action(3, Op.F, 0)][1]
+
+
+# ----------------------------------------------------------------------------- all-to-all
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16)])
+def test_all_to_all_is_paid_serially_by_zbv_and_hidden_by_dualpipe_v(p, m):
+    """An expert-parallel all-to-all in every F, B and I: ZB-V pays it on each action, DualPipeV
+    hides it inside its overlapped F&B pairs; without one the two tie."""
+    chunk = UNEQUAL.scaled(0.5)
+    assert simulate(zbv(p, m), chunk).makespan == simulate(dualpipe_v(p, m), chunk).makespan
+    a2a = Costs(F=0.5, B=1.0, I=0.5, W=0.5, all_to_all=0.5)
+    z, d = simulate(zbv(p, m), a2a), simulate(dualpipe_v(p, m), a2a)
+    assert d.makespan < z.makespan
+    for r, acts in enumerate(z.schedule.actions):  # ZB-V: every action its compute + all-to-all
+        for a in acts:
+            start, end = z.times[a]
+            assert end - start == pytest.approx(a2a.compute(a.op, a.stage) + (0 if a.op is Op.W else 0.5))
+
+
+def test_an_overlapped_pair_takes_the_longer_of_compute_and_all_to_all():
+    s = dualpipe_v(2, 4)
+    for a2a, pair in [(0.25, 1.5), (1.0, 2.0)]:  # F + B = 1.5 of compute; two all-to-alls
+        r = simulate(s, Costs(F=0.5, B=1.0, I=0.5, W=0.5, all_to_all=a2a))
+        pairs = [(a, b) for acts in s.actions for a, b in zip(acts, acts[1:])
+                 if a.op is Op.F and b.op is Op.B and a.stage != b.stage]
+        assert pairs
+        for a, b in pairs:
+            assert r.times[b][1] - r.times[a][0] == pytest.approx(pair)
+            assert r.times[a][1] == r.times[b][0]
+
+
+def test_no_all_to_all_leaves_every_timeline_unchanged():
+    for s in [one_f_one_b(4, 8), zbv(4, 8), dualpipe_v(4, 8), zero_bubble_h1(4, 8)]:
+        assert simulate(s, UNEQUAL).times == simulate(s, Costs(F=1, B=2, I=1, W=1, all_to_all=0.0)).times
+    with pytest.raises(ValueError, match="all_to_all"):
+        Costs(all_to_all=-1)
