@@ -5,6 +5,8 @@
 - `message`: one message on the wire: its header, the dtype table `DTYPES`, the `Handle`;
 - `collectives`: broadcast, reduce, all-reduce (naive and ring), reduce-scatter, all-gather,
   all-to-all, written from point-to-point messages;
+- `algorithms`: more of them, to choose from: the halving/doubling and the hierarchical
+  all-reduce, the tree gather and scatter, the barrier;
 - `ring`: the ring engine of the collectives, chunks cut into pipelined segment messages;
 - `agreement`: `check_same`, every rank agrees on the collective before it runs;
 - `alphabeta`: pure (no torch): the collectives' `NAMES`, exact bytes, alpha-beta times, the fit;
@@ -44,6 +46,11 @@ API: dict[str, str] = {
     "reduce_scatter": "collectives",
     "all_gather": "collectives",
     "all_to_all": "collectives",
+    "all_reduce_halving_doubling": "algorithms",
+    "all_reduce_hierarchical": "algorithms",
+    "gather_tree": "algorithms",
+    "scatter_tree": "algorithms",
+    "barrier": "algorithms",
     "SEGMENT_BYTES": "ring",
     "DEPTH": "ring",
     "check_same": "agreement",

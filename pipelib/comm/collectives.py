@@ -25,6 +25,9 @@ Every call records one COLLECTIVE event (bytes = what this rank sent) and, insid
 point-to-point events, labelled ``"<name> <phase> step <s> chunk <c>"`` so a figure can replay
 which chunk went where at each step (`pipelib.viz.comm`).
 
+More all-reduces to choose from (recursive halving/doubling, hierarchical), the tree gather and
+scatter, and the barrier: `pipelib.comm.algorithms`, built on `_Call` below.
+
 Introduced in chapter 06.
 """
 from __future__ import annotations

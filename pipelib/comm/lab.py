@@ -175,7 +175,7 @@ def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: i
     import torch
     import torch.distributed as dist
 
-    from pipelib.comm import collectives as C
+    from pipelib import comm as C  # every collective of alphabeta.NAMES, by name
     from pipelib.runtime.device import current
 
     check_name(name)
