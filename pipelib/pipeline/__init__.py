@@ -10,6 +10,8 @@
 - `step`: the step API: `check_step`, `train_step`, `run_train_step`, `monolith_step`;
 - `gpt`: the tiny GPT as a pipeline: stages cut between blocks, the tied embedding's gradient;
 - `blocking`: teaching foil: blocking sends and receives, which deadlock 1F1B (chapter 12);
+- `paired`: 1F1B as picotron runs it, each send paired with the next receive in one
+  `batch_isend_irecv`, and its virtual-clock step time (`predict_paired`) (chapter 12);
 - `handwritten`: teaching foil: chapter 10's hand-written sharded model and orchestrator
   (naive and GPipe as loops), checked against `execute`;
 - `torch_twin`: the same step through torch.distributed.pipelining with the same orders (13);

@@ -5,7 +5,8 @@
 - `validation`: `validate` and its checks, `deadlock_message`, the messages between ranks;
 - `csv_io`: torch.distributed.pipelining's CSV (`from_csv`, `to_csv`, `read_csv`, `write_csv`);
 - `build`: the pieces generators share (size checks, placements, the looped order);
-- `generators`: `naive`, `gpipe`, `one_f_one_b`, `interleaved_1f1b`, `looped_bfs`;
+- `generators`: `naive`, `gpipe`, `one_f_one_b`, `interleaved_1f1b`, `looped_bfs`,
+  `llama3_interleaved` (Llama 3's tunable N microbatches per round);
 - `zero_bubble`: `zero_bubble_h1`, `zero_bubble_h2`, `interleaved_zero_bubble`, `zbv`,
   `dualpipe_v`;
 - `registry`: one `ScheduleInfo` per schedule (`REGISTRY`, `schedule_info`, `make_schedule`),
@@ -15,7 +16,7 @@ Idle slots are never written into a schedule: they are an output of `pipelib.pip
 """
 from pipelib.pipeline.schedules.csv_io import from_csv, read_csv, to_csv, write_csv
 from pipelib.pipeline.schedules.generators import (
-    gpipe, interleaved_1f1b, looped_bfs, naive, one_f_one_b,
+    gpipe, interleaved_1f1b, llama3_interleaved, looped_bfs, naive, one_f_one_b,
 )
 from pipelib.pipeline.schedules.ir import (
     Action, Op, Schedule, ScheduleDeadlock, action_key, as_schedule, dependencies, first_unmet,
@@ -39,6 +40,7 @@ __all__ = [
     "deadlock_message",
     "from_csv", "to_csv", "read_csv", "write_csv",
     "naive", "gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs",
+    "llama3_interleaved",
     "zero_bubble_h1", "zero_bubble_h2", "interleaved_zero_bubble", "zbv", "dualpipe_v",
     "ScheduleInfo", "REGISTRY", "ALIASES", "GENERATORS", "schedule_info", "make_schedule",
 ]

@@ -55,16 +55,18 @@ def microbatches_per_round(generator: Callable, p: int, m: int) -> int:
     return m // rounds
 
 
-def looped_rank_ops(p: int, m: int, v: int, rank: int, *, zero_bubble: bool) -> list[Action]:
+def looped_rank_ops(p: int, m: int, v: int, rank: int, *, zero_bubble: bool,
+                    per_round: int | None = None) -> list[Action]:
     """One rank's actions in the looped depth-first order of Megatron and torch.
 
     Stage chunk c of rank r is stage c*p + r. Forwards run in rounds of `per_round`
     microbatches per chunk, chunk 0 first; backwards likewise, last chunk first. After the
     warm-up, each forward is followed by one backward. With `zero_bubble` the backward is I and
     the W of the oldest pending I follows it once rank r has done r backwards (torch's ZB1P).
-    Call `microbatches_per_round` first: m must be a whole number of rounds.
+    Call `microbatches_per_round` first: m must be a whole number of rounds. `per_round`
+    (default: torch's, `microbatches_per_round`) is Llama 3's tunable N.
     """
-    per_round = m // max(1, m // p)
+    per_round = per_round or m // max(1, m // p)
     hops = 1 if zero_bubble else 2
     warmup = min((v - 1) * per_round + hops * (p - 1 - rank), m * v)
     next_mb: Counter = Counter()

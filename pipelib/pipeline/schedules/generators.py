@@ -1,4 +1,5 @@
-"""The classic schedules (naive, GPipe, 1F1B, interleaved 1F1B, looped BFS), functions of integers.
+"""The classic schedules (naive, GPipe, 1F1B, interleaved 1F1B, looped BFS, Llama 3's interleaved
+with its tunable N), functions of integers.
 
 p = ranks (the stages of a plain pipeline), m = num_microbatches, v = num_chunks (stages per
 rank of a looped schedule). Each returns a `Schedule`; its bubble and memory are computed by
@@ -9,6 +10,7 @@ Introduced in chapter 10 (naive), 11 (GPipe) and 12 (1F1B, interleaved, looped B
 """
 from __future__ import annotations
 
+from pipelib.checks import check_int
 from pipelib.pipeline.schedules.build import (
     check_sizes, looped_placement, looped_rank_ops, microbatches_per_round, plain_schedule,
 )
@@ -93,3 +95,26 @@ def looped_bfs(p: int, m: int, num_chunks: int = 2) -> Schedule:
 
     return Schedule(tuple(tuple(rank_ops(r)) for r in range(p)), p * v, m, looped_placement(p, v),
                     name="looped_bfs")
+
+
+def llama3_interleaved(p: int, m: int, num_chunks: int = 2, per_round: int | None = None) -> Schedule:
+    """Llama 3's interleaved schedule (Llama 3 paper, section 3.3.2): a tunable N microbatches
+    per round, between depth first and breadth first.
+
+    The looped order of interleaved 1F1B (stage s on rank s % p, forwards in rounds of N
+    microbatches per chunk, warm-up (v-1) N + 2(p-1-r), then one forward one backward), with N =
+    `per_round` free: N = p (default, torch's rule) is `interleaved_1f1b` action for action,
+    depth first; larger N keeps more microbatches in flight (more memory) and leaves longer
+    between a message's send and its use (latency hidden); N = m is breadth first, every
+    chunk's forwards in looped BFS's order. N must divide m, with min(p, m) <= N <= m.
+    """
+    check_sizes(llama3_interleaved, p, m, num_chunks)
+    n = microbatches_per_round(llama3_interleaved, p, m) if per_round is None else per_round
+    check_int(n, "per_round", context="llama3_interleaved", hint="N: microbatches per round")
+    if not (min(p, m) <= n <= m and m % n == 0):
+        ok = [k for k in range(min(p, m), m + 1) if m % k == 0]
+        raise ValueError(f"llama3_interleaved: per_round N={n} with p={p}, m={m}: N must divide m "
+                         f"and lie in [min(p, m), m]; choose N among {ok}")
+    v = num_chunks
+    acts = tuple(tuple(looped_rank_ops(p, m, v, r, zero_bubble=False, per_round=n)) for r in range(p))
+    return Schedule(acts, p * v, m, looped_placement(p, v), name="llama3_interleaved")

@@ -21,7 +21,7 @@ from typing import Callable
 
 from pipelib.checks import check_int
 from pipelib.pipeline.schedules.generators import (
-    gpipe, interleaved_1f1b, looped_bfs, naive, one_f_one_b,
+    gpipe, interleaved_1f1b, llama3_interleaved, looped_bfs, naive, one_f_one_b,
 )
 from pipelib.pipeline.schedules.ir import Schedule
 from pipelib.pipeline.schedules.zero_bubble import (
@@ -65,6 +65,15 @@ def breadth_first(p, m, v, c):
     interleaved 1F1B's: idle (p-1) t, busy v m t, share (p-1)/(v m + p-1), but with GPipe's
     memory (all m microbatches at the turn). Needs m >= p."""
     _steady("looped_bfs", p, m, p)
+    t = c.F + c.B
+    return (p - 1) * t, v * m * t
+
+
+def rounds_of_n(p, m, v, c):
+    """Llama 3's interleaved, any N microbatches per round, costs per chunk: with free messages
+    interleaving's idle (p-1) t, busy v m t (N changes memory, and how much message latency is
+    hidden: `simulate`). Needs m >= p."""
+    _steady("llama3_interleaved", p, m, p)
     t = c.F + c.B
     return (p - 1) * t, v * m * t
 
@@ -149,6 +158,8 @@ REGISTRY: dict[str, ScheduleInfo] = {info.name: info for info in (
                  closed_form=looped_fill_and_drain),
     ScheduleInfo("looped_bfs", looped_bfs, "ScheduleLoopedBFS", chunked=True,
                  closed_form=breadth_first),
+    ScheduleInfo("llama3_interleaved", llama3_interleaved, None, chunked=True,
+                 closed_form=rounds_of_n, aliases=("llama3",)),
     ScheduleInfo("zb_h1", zero_bubble_h1, "ScheduleInterleavedZeroBubble", split_backward=True,
                  closed_form=deferred_w, aliases=("zero_bubble_h1", "zbh1")),
     ScheduleInfo("zb_h2", zero_bubble_h2, None, split_backward=True, closed_form=parallelogram,
