@@ -8,6 +8,7 @@ from pipelib.model import MLPConfig
 from pipelib.pipeline.stage import partition, split_into_stages
 from pipelib.pipeline.step import check_step, monolith_step, resolve_schedule, run_train_step, train_step
 from pipelib.pipeline.schedules import Action, ScheduleDeadlock, as_schedule
+from pipelib.pipeline.schedules.registry import REGISTRY
 from pipelib.results import check_against_reference
 from pipelib.pipeline.simulate import Costs, simulate
 from pipelib.trace import Kind
@@ -16,8 +17,7 @@ pytestmark = pytest.mark.cluster
 
 CFG = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=8)
 ROWS = 2  # rows per microbatch
-SCHEDULES = ["naive", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv",
-             "interleaved_zero_bubble", "dualpipe_v"]
+SCHEDULES = list(REGISTRY)  # every registered schedule, so a new one is run here at once
 PS = [2, 3, 4]
 
 
