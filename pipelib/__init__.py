@@ -1,24 +1,19 @@
 """pipelib: the small library behind the executable book on distributed training.
 
-Two layers (DESIGN.md section 2). The pure layer (schedules, simulate, memory, costmodel,
-topology, viz, trace) starts no process and imports fast. The runtime layer (cluster, device,
-comms, collectives, model, pipeline, ...) uses torch and process groups.
+One subpackage per part of the book: `runtime` (the cluster, devices), `comm` (messages and
+collectives), `pipeline` (schedules to steps), `hardware` (the machine measured), `viz`
+(figures); the single-process models and the pure models of cost and memory sit at the top.
+Two layers (DESIGN.md section 2): the pure layer (schedules, simulate, memory, costmodel,
+trace, alphabeta, viz) starts no process and never imports torch.distributed; the runtime
+layer uses torch and process groups.
 
-Submodules are imported on first use, so `import pipelib` stays cheap on engines and in tests.
+Submodules are imported on first use, so `import pipelib` stays cheap on engines and in tests:
+`pipelib.Cluster` is `pipelib.runtime.cluster.Cluster`.
 """
-import importlib
+from pipelib._lazy import lazy
 
 __version__ = "0.1.0"
 
-_LAZY = {"Cluster": "pipelib.runtime.cluster"}
-
-
-def __getattr__(name):
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    try:
-        return importlib.import_module(f"pipelib.{name}")
-    except ModuleNotFoundError as e:
-        if e.name == f"pipelib.{name}":
-            raise AttributeError(f"module 'pipelib' has no attribute {name!r}") from None
-        raise
+API: dict[str, str] = {"Cluster": "runtime.cluster"}
+__all__ = sorted(API)
+__getattr__, __dir__ = lazy(__name__, API)

@@ -24,6 +24,6 @@ def lazy(package: str, api: dict[str, str]):
             raise
 
     def __dir__():
-        return sorted(set(api) | set(globals()))
+        return sorted(set(api) | set(vars(importlib.import_module(package))))
 
     return __getattr__, __dir__

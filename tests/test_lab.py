@@ -92,21 +92,9 @@ def _marked(mark: str) -> list:
 
 
 def _kill_marked(mark: str, grace: float = 5.0) -> list[int]:
-    import psutil
+    from pipelib.runtime.watchdog import terminate
 
-    procs = _marked(mark)
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    terminate(_marked(mark), grace)
     return [p.pid for p in _marked(mark)]
 
 

@@ -37,9 +37,8 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     return found
 
 
-def sweep(tag: str, grace: float = 2.0) -> int:
-    """SIGTERM the tagged processes, SIGKILL what is left after `grace` seconds."""
-    procs = tagged_processes(tag)
+def terminate(procs: list, grace: float = 2.0) -> None:
+    """SIGTERM `procs` (psutil processes), SIGKILL what is left after `grace` seconds."""
     for p in procs:
         try:
             p.terminate()
@@ -52,6 +51,12 @@ def sweep(tag: str, grace: float = 2.0) -> int:
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=grace)
+
+
+def sweep(tag: str, grace: float = 2.0) -> int:
+    """SIGTERM the tagged processes, SIGKILL what is left after `grace` seconds."""
+    procs = tagged_processes(tag)
+    terminate(procs, grace)
     return len(procs)
 
 
