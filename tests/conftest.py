@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 import uuid
 
@@ -20,6 +21,35 @@ def cluster4():
     c = Cluster(4, timeout=30)  # generous: first runs on fresh engines import and count FLOPs
     yield c
     c.stop()
+
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")  # not session: one sync Playwright at a time per test module
+def chromium():
+    """Debian's Chromium driven by Playwright (its own browser download is not used): skipped
+    where it is missing, a failure under CI=true, where the browser checks are required."""
+    problem = None
+    if not os.path.exists(CHROMIUM):
+        problem = f"{CHROMIUM} not found: apt-get install chromium"
+    else:
+        try:
+            from playwright.sync_api import sync_playwright
+        except ImportError:
+            problem = "playwright missing: pip install -e '.[dev]'"
+    if problem:
+        if os.environ.get("CI") == "true":
+            pytest.fail(problem + " (CI=true: the browser check is required)")
+        pytest.skip(problem)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run"])
+        yield browser
+        browser.close()
 
 
 @pytest.fixture(scope="module")

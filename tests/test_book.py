@@ -60,7 +60,6 @@ HIDDEN_OUTPUT = {"remove-output", "remove_output", "remove-cell", "remove_cell"}
 MAX_PAGE_BYTES = 1_500_000
 MAX_FIRST_FIGURE_S = 2.0
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # <script src="http..."> <link href="//..."> and the like, in any attribute order
 OUTSIDE_TAG = re.compile(
     r"<(?:script|link|img|iframe|source|video|audio|embed)\b[^>]*?\b(?:src|href)\s*=\s*"
@@ -272,29 +271,6 @@ def local_server(browser_page):
     yield web.server_address[1]
     web.shutdown()
     web.server_close()
-
-
-@pytest.fixture(scope="module")  # not session: one sync Playwright at a time (tests/test_lab.py)
-def chromium():
-    if not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} not found: apt-get install chromium"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (CI=true: the browser check is required)")
-        pytest.skip(message)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if os.environ.get("CI") == "true":
-            pytest.fail("playwright missing (CI=true): pip install -e '.[dev]'")
-        pytest.skip("playwright missing: pip install -e '.[dev]'")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"])
-        yield browser
-        browser.close()
 
 
 # Installed before any page script: the time the first plotly figure is drawn (ms from the

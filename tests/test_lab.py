@@ -41,7 +41,6 @@ import pytest
 pytestmark = pytest.mark.book
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 LAB_MARK = "PIPELIB_LAB_TEST"
 
 # Chapters run in full under Lab: 04 (the engine cluster, figures), 12 (pipeline timelines) and
@@ -104,17 +103,6 @@ def _api(base: str, token: str, path: str, method: str = "GET"):
     with urllib.request.urlopen(req, timeout=10) as r:
         body = r.read()
     return json.loads(body) if body else None
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    if not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} not found: apt-get install chromium"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (CI=true: the browser check is required)")
-        pytest.skip(message)
-    pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]' (playwright)")
-    return CHROMIUM
 
 
 @pytest.fixture(scope="module")
@@ -183,20 +171,6 @@ def lab(tmp_path_factory, chromium):
         assert not left, f"processes started by JupyterLab still alive: {left}"
 
 
-@pytest.fixture(scope="module")
-def browser(chromium):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=chromium,
-            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--disable-background-networking", "--disable-component-update",
-                  "--no-first-run", "--disable-sync"])
-        yield b
-        b.close()
-
-
 # the notebook panel of a path (window.jupyterapp: LabApp.expose_app_in_browser), not the
 # current widget: Lab may restore other documents around it
 PANEL_JS = """path => {
@@ -257,8 +231,8 @@ def _timeline_problems(figures: list[dict]) -> list[str]:
     return bad
 
 
-def _open(browser, lab, chapter: Path):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+def _open(chromium, lab, chapter: Path):
+    page = chromium.new_page(viewport={"width": 1400, "height": 1000})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
     page.on("console", lambda m: errors.append(f"console.error: {m.text}")
@@ -329,9 +303,9 @@ def _explorer_moves(page) -> None:
 
 
 @pytest.mark.parametrize("chapter", _chapters(), ids=lambda p: p.stem)
-def test_chapter_runs_all_cells_in_jupyterlab(browser, lab, chapter):
+def test_chapter_runs_all_cells_in_jupyterlab(chromium, lab, chapter):
     t0 = time.monotonic()
-    page, errors, outside = _open(browser, lab, chapter)
+    page, errors, outside = _open(chromium, lab, chapter)
     try:
         opened = time.monotonic() - t0
         state = _run_all(page, f"notebooks/{chapter.name}", timeout_s=CELL_TIMEOUT_S)

@@ -4,20 +4,9 @@ import pytest
 
 from pipelib.comm.alphabeta import expected_bytes, predicted_time
 from pipelib.runtime.errors import RankError
+from subgroups import group as _group  # tests/comm/subgroups.py
 
 pytestmark = pytest.mark.cluster
-
-_GROUPS = {}
-
-
-def _group(ranks):
-    """Sub-groups are created once per engine, in the same order on every rank."""
-    import torch.distributed as dist
-
-    if not _GROUPS:
-        for rs in ((0, 1), (1, 2, 3), (0, 1, 2, 3)):
-            _GROUPS[rs] = dist.new_group(list(rs))
-    return _GROUPS[tuple(ranks)]
 
 
 def _against_gloo(ranks, sizes):
