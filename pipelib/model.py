@@ -122,24 +122,31 @@ class CausalSelfAttention(nn.Module):
         self.register_buffer("future", future.view(1, 1, bs, bs), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, C)
-        B, T, C = x.shape
-        nh, hs = self.n_head, C // self.n_head
-        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, T, C)
+        B, T, _ = x.shape
+        # Shapes come from c_attn's output, not from C: a tensor-parallel rank (chapter 09) holds
+        # n_head / t heads, and its c_attn gives 3 * C / t channels.
+        q, k, v = self.c_attn(x).chunk(3, dim=2)  # 3 x (B, T, nh * hs)
+        nh = self.n_head
+        hs = q.size(-1) // nh
         q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
         v = v.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        y = self.core(q, k, v)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, nh * hs)  # (B, T, nh * hs), heads side by side
+        return self.resid_dropout(self.c_proj(y))  # (B, T, C)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention core, softmax(q k^T / sqrt(hs)) v on (B, nh, T, hs): no parameters, and
+        the (B, nh, T, T) scores that selective recomputation (chapter 14) chooses not to keep."""
+        T, hs = q.size(-2), q.size(-1)
         if self.flash:
             p = self.dropout if self.training else 0.0
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            # y: (B, nh, T, hs)
-        else:
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
-            att = att.masked_fill(self.future[:, :, :T, :T], float("-inf"))  # (B, nh, T, T)
-            att = F.softmax(att, dim=-1)  # (B, nh, T, T), rows sum to 1
-            att = self.attn_dropout(att)  # (B, nh, T, T)
-            y = att @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C), heads side by side
-        return self.resid_dropout(self.c_proj(y))  # (B, T, C)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, T)
+        att = att.masked_fill(self.future[:, :, :T, :T], float("-inf"))  # (B, nh, T, T)
+        att = F.softmax(att, dim=-1)  # (B, nh, T, T), rows sum to 1
+        att = self.attn_dropout(att)  # (B, nh, T, T)
+        return att @ v  # (B, nh, T, hs)
 
 
 class FeedForward(nn.Module):
