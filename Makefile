@@ -13,12 +13,20 @@ LAB_FLAGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: venv book lab
 
-venv: $(BIN)/jupyter-book
+venv: $(BIN)/jupyter-book $(BIN)/ds_report
 
 $(BIN)/jupyter-book:
 	$(PYTHON) -m venv $(VENV)
 	@echo "installing the pinned packages into $(VENV) (log: $(VENV)/pip.log)"
 	$(BIN)/pip install -q -e '.[book,dev]' > $(VENV)/pip.log 2>&1 || (tail -50 $(VENV)/pip.log; exit 1)
+
+# DeepSpeed after torch, without build isolation (pyproject.toml's `deepspeed` extra; FACTS.md)
+DEEPSPEED_PIN = import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["deepspeed"])
+$(BIN)/ds_report: $(BIN)/jupyter-book
+	@pin=$$($(BIN)/python -c '$(DEEPSPEED_PIN)'); \
+	echo "installing $$pin against the venv's torch (log: $(VENV)/pip-deepspeed.log)"; \
+	$(BIN)/pip install -q --no-build-isolation "$$pin" > $(VENV)/pip-deepspeed.log 2>&1 \
+		|| (tail -50 $(VENV)/pip-deepspeed.log; exit 1)
 
 book: venv
 	tools/book_assets.sh $(BIN)/python
