@@ -5,6 +5,8 @@
   `Trace`, measured or simulated (chapter 04 on; the pipelines of chapters 10-13);
 - `comm`: ping-pong curves, time and bandwidth against tensor size, collectives replayed step
   by step from their messages (chapters 05 and 06);
+- `recompute`: `recompute_memory_figure`, `tradeoff_figure`: memory over the compute done, per
+  recomputation policy, and peak memory against extra compute (chapter 14);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
@@ -32,6 +34,8 @@ API: dict[str, str] = {
     "pingpong_figure": "comm",
     "size_sweep_figure": "comm",
     "size_sweep_bandwidth_figure": "comm",
+    "recompute_memory_figure": "recompute",
+    "tradeoff_figure": "recompute",
     "time_unit": "display",
     "figure_bundle": "display",
     "show": "display",

@@ -59,6 +59,9 @@ SAMPLES = {
                                                        vlines={"crossover": 2**16}),
     "size_sweep_bandwidth_figure": lambda: viz.size_sweep_bandwidth_figure({"ring": (SIZES, TIMES)},
                                                                            {"model": (SIZES, TIMES * 0.9)}),
+    "recompute_memory_figure": lambda: viz.recompute_memory_figure(
+        {"none": [(0, 0, "forward"), (10, 5, "forward"), (30, 0, "backward")]}),
+    "tradeoff_figure": lambda: viz.tradeoff_figure([{"label": "full", "extra": 0.3, "peak": 2**20, "predicted": 2**20}]),
     "explorer_figures": lambda: explorer.explorer_figures("zbv", 4, 8),
     "explorer_sweep": lambda: explorer.explorer_sweep("m", [2, 4, 8], schedule="1f1b", p=4),
 }

@@ -1,0 +1,152 @@
+"""What each recomputation policy keeps, its peak saved-activation bytes and its extra FLOPs.
+
+Pure arithmetic, no torch: built on `pipelib.memory`'s per-op counts of the tiny GPT
+(`gpt_layer_activation_bytes`, `gpt_activation_bytes`, `gpt_forward_flops`), so a prediction here
+is checked against what the memory tracker measures (tests/recompute, chapter 14).
+
+A block of the tiny GPT saves L bytes (`gpt_layer_activation_bytes`) and takes an input of
+I = B T C dtype bytes. Under each policy (`pipelib.recompute.policies`), for n blocks:
+
+- none: all of it, n L, at its most at the end of the forward;
+- full / every_k (segments of k blocks, Chen et al. 2016): each segment keeps its input; in
+  backward one segment at a time is rerun, and holds all its blocks' activations again. Its
+  first block's LayerNorm saves the segment input, which is already kept, so a rerun adds
+  k L - I. The peak is the larger of the end of the forward (the kept inputs, the head and the
+  loss) and the backward of each segment j (the inputs of segments 0..j plus k_j L - I; the
+  head and the loss are gone by then);
+- selective (Korthikanti et al. 2022): the attention core's saved tensors (the q, k, v copies
+  its matmuls make and the a B T^2 softmax output, plus the dropout mask and the dropped matrix
+  when p > 0) are not kept; the core keeps q, k, v, three views of one 3 B T C tensor instead.
+
+Extra FLOPs are the matmuls of the rerun forward: every block for full and every_k (each
+segment is rerun once, whatever k), the two T x T products of the core for selective.
+
+Chapter 14. Megatron-LM's 16-bit count s b h (34 + 5 a s / h) is
+`pipelib.memory.megatron_layer_activation_bytes`; `selective_headline` is the paper's headline
+from it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelib.checks import check_int
+from pipelib.memory import (INDEX_BYTES, STATS_BYTES, gpt_activation_bytes,
+                            gpt_forward_flops, gpt_layer_activation_bytes,
+                            megatron_layer_activation_bytes)
+
+KINDS = ("none", "full", "every_k", "selective")  # the same names as policies.POLICIES
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A GPT's sizes, duck-typed like `pipelib.model.GPTConfig` (for models too big to build)."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int = 51200
+    block_size: int = 2048
+    dropout: float = 0.0
+
+
+# GPT-3 175B (Brown et al. 2020), the row of Korthikanti et al.'s Table 3.
+GPT3_175B = Shape(n_layer=96, n_head=96, n_embd=12288, vocab_size=51200, block_size=2048)
+
+
+@dataclass(frozen=True)
+class PolicyCost:
+    """One policy's prediction: bytes kept at the end of the forward, the peak over the step,
+    and the matmul FLOPs the rerun adds (one forward of what is recomputed)."""
+
+    policy: str
+    k: int | None
+    kept_bytes: int
+    peak_bytes: int
+    extra_flops: int
+
+
+def core_activation_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
+                          mask_bytes: int | None = None) -> int:
+    """What the written-out attention core saves: the q, k and v copies of its two matmuls
+    (3 B T C) and the softmax output (a B T^2), plus with dropout a mask and the dropped
+    matrix (a B T^2 each)."""
+    B, T, C, a = batch, seq, cfg.n_embd, cfg.n_head
+    m = dtype_bytes if mask_bytes is None else mask_bytes
+    nbytes = dtype_bytes * (3 * B * T * C + a * B * T * T)
+    if getattr(cfg, "dropout", 0.0) > 0:
+        nbytes += m * a * B * T * T + dtype_bytes * a * B * T * T
+    return nbytes
+
+
+def selective_layer_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
+                          mask_bytes: int | None = None) -> int:
+    """A block under selective recomputation: the core's tensors out, its q, k, v (3 B T C) in."""
+    full = gpt_layer_activation_bytes(cfg, batch, seq, dtype_bytes, mask_bytes)
+    return (full - core_activation_bytes(cfg, batch, seq, dtype_bytes, mask_bytes)
+            + dtype_bytes * 3 * batch * seq * cfg.n_embd)
+
+
+def _outside_blocks(cfg, B, T, dt, mask_bytes) -> tuple[int, int]:
+    """(embedding's saved bytes, head's plus the loss's): what no policy touches."""
+    whole = gpt_activation_bytes(cfg, B, T, dt, mask_bytes)
+    blocks = cfg.n_layer * gpt_layer_activation_bytes(cfg, B, T, dt, mask_bytes)
+    embed = INDEX_BYTES * (B * T + T)
+    if getattr(cfg, "dropout", 0.0) > 0:
+        embed += (dt if mask_bytes is None else mask_bytes) * B * T * cfg.n_embd
+    return embed, whole - blocks - embed
+
+
+def predict_policy(cfg, batch: int, seq: int, policy: str, k: int | None = None,
+                   dtype_bytes: int = 4, mask_bytes: int | None = None) -> PolicyCost:
+    """The prediction for the whole tiny GPT, forward with loss then backward (module doc)."""
+    B, T, dt, n = batch, seq, dtype_bytes, cfg.n_layer
+    if getattr(cfg, "flash", False):
+        raise ValueError("predict_policy counts the written-out attention; got a config with "
+                         "flash=True, whose core is one fused kernel (its CPU kernel is not in "
+                         "torch's FLOP counter either): use flash=False to compare")
+    if policy not in KINDS:
+        raise ValueError(f"unknown recomputation policy {policy!r}; choose one of {KINDS}")
+    L = gpt_layer_activation_bytes(cfg, B, T, dt, mask_bytes)
+    embed, head = _outside_blocks(cfg, B, T, dt, mask_bytes)
+    per_layer_flops = (gpt_forward_flops(cfg, B, T) - 2 * B * T * cfg.n_embd * cfg.vocab_size) // n
+    if policy == "none":
+        kept = embed + n * L + head
+        return PolicyCost(policy, None, kept, kept, 0)
+    if policy == "selective":
+        S = selective_layer_bytes(cfg, B, T, dt, mask_bytes)
+        kept = embed + n * S + head
+        # Rerunning the last block's core: its LayerNorm-1 tensors and q, k, v still held, the
+        # rest of that block, the head and the loss already freed.
+        at_core = dt * 5 * B * T * cfg.n_embd + 2 * B * T * STATS_BYTES
+        rerun = embed + (n - 1) * S + at_core + core_activation_bytes(cfg, B, T, dt, mask_bytes)
+        return PolicyCost(policy, None, kept, max(kept, rerun), n * 4 * B * T * T * cfg.n_embd)
+    k = 1 if policy == "full" else check_int(k, "k", context=f"policy {policy!r}",
+                                             hint="blocks per recomputed segment")
+    I = dt * B * T * cfg.n_embd
+    sizes = [min(k, n - i) for i in range(0, n, k)]
+    kept = embed + len(sizes) * I + head
+    reruns = [embed + (j + 1) * I + size * L - I for j, size in enumerate(sizes)]
+    return PolicyCost(policy, k, kept, max(kept, *reruns), n * per_layer_flops)
+
+
+def best_k(cfg, batch: int, seq: int, dtype_bytes: int = 4) -> int:
+    """The segment length with the lowest predicted peak (Chen's sqrt(n) when I ~ L)."""
+    peaks = {k: predict_policy(cfg, batch, seq, "every_k", k, dtype_bytes).peak_bytes
+             for k in range(1, cfg.n_layer + 1)}
+    return min(peaks, key=lambda k: (peaks[k], k))
+
+
+def selective_headline(cfg=GPT3_175B, batch: int = 1, seq: int | None = None) -> dict:
+    """Korthikanti et al.'s trade at 16 bits: activation memory saved, FLOPs added.
+
+    Per layer, s b h (34 + 5 a s / h) bytes; selective keeps the 34 s b h. The rerun core costs
+    4 b s^2 h FLOPs against a forward of 24 b s h^2 + 4 b s^2 h: s / (6 h + s) of a forward,
+    a third of that of a training step (forward and backward)."""
+    s, b, h, a = seq or cfg.block_size, batch, cfg.n_embd, cfg.n_head
+    full = megatron_layer_activation_bytes(cfg, b, s)
+    kept = 34 * s * b * h
+    extra = 4 * b * s * s * h
+    forward = 24 * b * s * h * h + 4 * b * s * s * h
+    return {"full_bytes": full, "selective_bytes": kept, "memory_saved": 1 - kept / full,
+            "five_as_over_h": 5 * a * s / h, "extra_flops": extra,
+            "flops_over_forward": extra / forward, "flops_over_step": extra / (3 * forward)}
