@@ -18,12 +18,14 @@ PURE = [
     "pipelib.comm.alphabeta", "pipelib.hardware.roofline", "pipelib.hardware.published",
     "pipelib.viz.timeline", "pipelib.viz.comm", "pipelib.viz.hardware", "pipelib.viz.display",
     "pipelib.recompute.formulas", "pipelib.viz.recompute",
+    "pipelib.context_parallel.costs", "pipelib.viz.ring",
 ]
 # Not even torch itself: the schedules, their simulation and the formulas.
 NO_TORCH = {"pipelib.checks", "pipelib.trace", "pipelib.costmodel", "pipelib.memory",
             "pipelib.pipeline.schedules", "pipelib.pipeline.schedules.registry",
             "pipelib.pipeline.simulate", "pipelib.comm.alphabeta",
-            "pipelib.recompute.formulas", "pipelib.viz.recompute"}
+            "pipelib.recompute.formulas", "pipelib.viz.recompute",
+            "pipelib.context_parallel.costs"}
 
 # Run in a fresh interpreter: import each module and report what it pulled in.
 PROBE = r"""

@@ -7,6 +7,9 @@
   by step from their messages (chapters 05 and 06);
 - `recompute`: `recompute_memory_figure`, `tradeoff_figure`: memory over the compute done, per
   recomputation policy, and peak memory against extra compute (chapter 14);
+- `ring`: `work_figure`, `overlap_figure`, `context_figure`, `variants_figure`: causal work per
+  rank, transfer hidden behind compute, the longest context per number of ranks, and ring,
+  all-gather and Ulysses side by side (chapter 17);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
@@ -36,6 +39,10 @@ API: dict[str, str] = {
     "size_sweep_bandwidth_figure": "comm",
     "recompute_memory_figure": "recompute",
     "tradeoff_figure": "recompute",
+    "work_figure": "ring",
+    "overlap_figure": "ring",
+    "context_figure": "ring",
+    "variants_figure": "ring",
     "time_unit": "display",
     "figure_bundle": "display",
     "show": "display",

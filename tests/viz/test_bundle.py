@@ -62,6 +62,13 @@ SAMPLES = {
     "recompute_memory_figure": lambda: viz.recompute_memory_figure(
         {"none": [(0, 0, "forward"), (10, 5, "forward"), (30, 0, "backward")]}),
     "tradeoff_figure": lambda: viz.tradeoff_figure([{"label": "full", "extra": 0.3, "peak": 2**20, "predicted": 2**20}]),
+    "work_figure": lambda: viz.work_figure({"zigzag": _sim("1f1b"), "contiguous": _sim("gpipe")}),
+    "overlap_figure": lambda: viz.overlap_figure(
+        [{"shard_len": c, "hidden": h, "step_over_compute": t} for c, h, t in ((64, 0.4, 1.6), (256, 1.0, 1.0))], 146.6),
+    "context_figure": lambda: viz.context_figure({1: 646, 2: 1292}, {1: 646, 2: 1292, 4: 2584, 8: 5168}),
+    "variants_figure": lambda: viz.variants_figure(
+        {"ring": {"bytes": 3 * 2**16, "peak_memory": 2**20, "time": 2e-3},
+         "ulysses": {"bytes": 2**16, "peak_memory": 2**21, "time": 1.5e-3}}),
     "explorer_figures": lambda: explorer.explorer_figures("zbv", 4, 8),
     "explorer_sweep": lambda: explorer.explorer_sweep("m", [2, 4, 8], schedule="1f1b", p=4),
 }

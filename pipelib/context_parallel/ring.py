@@ -1,0 +1,209 @@
+"""Ring attention (Liu, Zaharia & Abbeel 2023), forward and backward, on pipelib's messages.
+
+Each of the n ranks of `group` holds its sequence shard of Q, K and V, shaped (B, H, c, D)
+with c = S / n (which positions: `pipelib.context_parallel.partition`). Forward, step
+s = 0..n-1: rank r holds the K/V block of rank r - s. It first *posts* the send of that block
+to rank r + 1 and the receive of the next one from rank r - 1 (non-blocking), then attends its
+queries to the block it holds and merges the result (`blockwise.merge_partials`), and only then
+waits: the transfer runs while it computes. n - 1 sends of one K/V block each:
+
+    forward bytes per rank  = (n - 1) * 2 B H c D * itemsize
+
+Backward (its own autograd function): the K/V blocks travel the ring again, and with each
+block its gradient accumulator dK/dV: rank r adds its queries' share to the accumulator of the
+block it holds and passes both on; after n steps the accumulator arrives home complete. n
+sends of dK/dV and n - 1 of K/V:
+
+    backward bytes per rank = (2n - 1) * 2 B H c D * itemsize
+
+Every message is posted before the compute it should hide behind. The last hop of each dK/dV
+accumulator home would have nothing to hide behind (its sender's last block is everyone's last
+block), so the last step sends dK/dV first and computes part of its dQ (dS K for its last pair
+of pieces, one matmul in five) while that hop flies: with long enough shards (about 4 times the
+crossover under causal zigzag, `costs.crossover_shard_len`) every transfer is hidden.
+
+Causal masking skips any block in which no query sees any key (no compute, no compute event);
+the messages still flow, since later ranks need them. On a simulated device each block's
+compute is charged its FLOPs (4 d per visible (query, key) pair forward, 10 d backward), so the
+timeline shows the real overlap of transfer and compute.
+
+Messages are labelled ``"ring_attention forward step s chunk j"`` (j: whose K/V block), so
+`pipelib.viz.collective_animation` replays who holds which block after each step.
+
+Introduced in chapter 17.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from pipelib.comm import p2p
+from pipelib.comm.agreement import check_same
+from pipelib.context_parallel.blockwise import (attend_pieces, attend_pieces_backward, attention_flops,
+                                                 last_visible, merge_partials, pieces_pairs)
+from pipelib.context_parallel.partition import check_layout, shard_pieces, tile_pieces, visible_pairs
+from pipelib.runtime.device import current
+
+TAG_KV, TAG_KV_BACK, TAG_DKV = 170, 171, 172
+_FIELDS = {"stage": None, "microbatch": None}
+
+
+def check_shards(name: str, q, k, v, group, layout: str | None) -> tuple[int, int, int]:
+    """Every rank agrees on the shard's shape and dtype, and q, k, v agree here; returns
+    (n, rank in group, full sequence length). Raises before any message is sent."""
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    if me < 0:
+        raise ValueError(f"rank {dist.get_rank()}: {name} on a group this rank is not part of")
+    for t, what in ((k, "k"), (v, "v")):
+        if t.shape != q.shape or t.dtype != q.dtype:
+            raise ValueError(f"rank {dist.get_rank()}: {name}: q is {tuple(q.shape)} {q.dtype} but {what} is "
+                             f"{tuple(t.shape)} {t.dtype}; pass q, k, v shards of one shape (B, H, S/n, D) "
+                             f"and one dtype")
+    if q.dim() != 4:
+        raise ValueError(f"rank {dist.get_rank()}: {name}: q has shape {tuple(q.shape)}; pass (B, H, S/n, D)")
+    check_same(name, q, group)
+    if layout is not None:
+        check_layout(n * q.shape[2], n, layout, context=f"rank {dist.get_rank()}: {name}")
+    return n, me, n * q.shape[2]
+
+
+DQ_FLOPS_PER_PAIR = 2  # x head_dim x batch x heads: dQ = dS K, the one matmul done after the send
+
+
+def _deferred_pairs(q_pieces, k_pieces, causal: bool) -> int:
+    """Visible pairs of the piece pair whose dQ the last backward step computes after sending."""
+    last = last_visible(q_pieces, k_pieces, causal)
+    return 0 if last is None else visible_pairs(q_pieces[last[0]][2], k_pieces[last[1]][2], causal)
+
+
+def _peer(group, p: int) -> int:
+    return p if group is None else dist.get_global_rank(group, p)
+
+
+@contextlib.contextmanager
+def held(nbytes: int, what: str):
+    """Count `nbytes` on this rank's memory tracker while the block runs (a simulated device
+    raises its out-of-memory error here)."""
+    mem = current().memory
+    mem.add("buffers", nbytes, what)
+    try:
+        yield
+    finally:
+        mem.bytes["buffers"] -= nbytes
+
+
+def _exchange(send, recv, group, me, n, tag, label):
+    """Post the receive from the left neighbour and the send to the right one; return handles."""
+    return [p2p.post_recv(recv, _peer(group, (me - 1) % n), group, tag, label, _FIELDS, False),
+            p2p.post_send(send, _peer(group, (me + 1) % n), group, tag, label, _FIELDS, False)]
+
+
+def score_bytes(q, pieces, heads: int | None = None) -> int:
+    """The largest score block the blockwise routine holds at once: S and P, each
+    (B, heads, p, p) for the longest piece p (`heads`: q's unless given)."""
+    longest = max(b - a for a, b, _ in pieces)
+    return 2 * q.shape[0] * (heads or q.shape[1]) * longest * longest * q.element_size()
+
+
+class RingAttention(torch.autograd.Function):
+    """Ring attention as one autograd function: `ring_attention` is the way to call it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, layout, causal, stats, tile):
+        n, me, seq = check_shards("ring_attention", q, k, v, group, layout)
+        dev, (B, H, _, D) = current(), q.shape
+        pieces = [tile_pieces(shard_pieces(seq, n, r, layout), tile) for r in range(n)]
+        kv = torch.stack([k, v]).detach()                            # (2, B, H, c, D): one message
+        out = lse = None
+        pairs = 0
+        with held(kv.numel() * kv.element_size() + score_bytes(q, pieces[me]), "ring K/V buffer and scores"):
+            for step in range(n):
+                src = (me - step) % n                               # whose K/V block rank me holds
+                if step < n - 1:                                    # post first: it flies while we compute
+                    nxt = torch.empty_like(kv)
+                    hs = _exchange(kv, nxt, group, me, n, TAG_KV, f"ring_attention forward step {step} chunk {src}")
+                p = pieces_pairs(pieces[me], pieces[src], causal)   # 0: causal mask hides the block
+                if p:
+                    with dev.compute(f"attn q{me}·kv{src}", flops=attention_flops(p, B, H, D)):
+                        b_out, b_lse, _ = attend_pieces(q.detach(), kv[0], kv[1], pieces[me], pieces[src], causal)
+                        out, lse = merge_partials(out, lse, b_out, b_lse)
+                pairs += p
+                if step < n - 1:
+                    p2p.wait_all(hs)
+                    kv = nxt
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.setup = (group, causal, stats, pieces, n, me)
+        if stats is not None:
+            stats["pairs_forward"] = stats.get("pairs_forward", 0) + pairs
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, causal, stats, pieces, n, me = ctx.setup
+        dev, (B, H, _, D) = current(), q.shape
+        dout = dout.contiguous()
+        delta = (dout * out).sum(-1)                                # (B, H, c)
+        dq = torch.zeros_like(q)
+        kv = torch.stack([k, v])
+        dkv = torch.zeros_like(kv)                                  # the accumulator of the block held
+        pairs, d_hs = 0, []
+        with held(3 * kv.numel() * kv.element_size() + score_bytes(q, pieces[me]), "ring backward buffers"):
+            for step in range(n):
+                src = (me - step) % n
+                if step < n - 1:
+                    nxt = torch.empty_like(kv)
+                    hs = _exchange(kv, nxt, group, me, n, TAG_KV_BACK,
+                                   f"ring_attention_backward kv step {step} chunk {src}")
+                p = pieces_pairs(pieces[me], pieces[src], causal)
+                last = step == n - 1 and n > 1                      # keep some dQ work for the last hop
+                later = _deferred_pairs(pieces[me], pieces[src], causal) if last else 0
+                if p:
+                    flops = attention_flops(p, B, H, D, backward=True) - DQ_FLOPS_PER_PAIR * later * B * H * D
+                    with dev.compute(f"attn bwd q{me}·kv{src}", flops=flops):
+                        gq, gk, gv, _, *deferred = attend_pieces_backward(
+                            dout, q, kv[0], kv[1], lse, delta, pieces[me], pieces[src], causal, defer_last_dq=last)
+                        dq += gq
+                pairs += p
+                if d_hs:                                            # block src's accumulator, from the left
+                    p2p.wait_all(d_hs)
+                    dkv = incoming
+                if p:
+                    dkv[0] += gk
+                    dkv[1] += gv
+                if n > 1:                                           # pass it on: it comes home after n steps
+                    incoming = torch.empty_like(dkv)
+                    d_hs = _exchange(dkv, incoming, group, me, n, TAG_DKV,
+                                     f"ring_attention_backward grads step {step} chunk {src}")
+                if later:                                           # while my block's last hop flies
+                    qa, qb, finish, _ = deferred[0]
+                    with dev.compute(f"attn bwd dQ q{me}·kv{src}", flops=DQ_FLOPS_PER_PAIR * later * B * H * D):
+                        dq[:, :, qa:qb] += finish()
+                if step < n - 1:
+                    p2p.wait_all(hs)
+                    kv = nxt
+            if n > 1:
+                p2p.wait_all(d_hs)                                  # my own block's gradient, complete
+                dkv = incoming
+        if stats is not None:
+            stats["pairs_backward"] = stats.get("pairs_backward", 0) + pairs
+        return dq, dkv[0], dkv[1], None, None, None, None, None
+
+
+def ring_attention(q, k, v, group=None, *, layout: str = "zigzag", causal: bool = True, stats: dict | None = None,
+                   tile: int | None = None):
+    """Attention of this rank's query shard to the whole sequence, the K/V shards passed round
+    the ring of `group`. q, k, v: (B, H, S/n, D), this rank's shard under `layout` ("zigzag",
+    "contiguous" or "striped"). Returns this rank's output shard; differentiable. `stats`, if
+    given, receives the visible (query, key) pairs computed forward and backward. `tile`: rows
+    per attention tile inside a shard (flash-attention's blocks; None: whole pieces), which
+    bounds the score block at tile^2 entries."""
+    return RingAttention.apply(q, k, v, group, layout, causal, stats, tile)
+
+
+def ring_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
+    """Bytes one rank sends in ring attention: K/V blocks forward, K/V and dK/dV backward."""
+    block = 2 * batch * heads * shard_len * head_dim * itemsize
+    return {"forward": (n - 1) * block, "backward": (2 * n - 1) * block if n > 1 else 0}

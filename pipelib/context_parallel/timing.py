@@ -1,0 +1,83 @@
+"""Wall-clock timing of the attention variants on real CPU engines, and the reference doing one
+rank's FLOPs without any message (`bench/context_parallel.py`).
+
+`time_attention` runs on every rank: one warm-up step, then `repeats` steps each started from
+a barrier; a step's time is this rank's wall time from the barrier to the end of its backward
+(the slowest rank's is the step's). `rank_work` is rank `rank`'s share of ring attention done
+with every K/V shard at hand and no communication: the same blockwise kernels on the same
+shards, so ring time / its time is the ring's overhead (`time_attention("alone", ...)` times it
+on every engine at once, under the same core sharing as the ring; `time_rank_alone` in this
+process).
+
+Introduced in chapter 17 (its benchmark).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from pipelib.context_parallel.blockwise import attend_pieces, attend_pieces_backward, merge_partials
+from pipelib.context_parallel.partition import shard_pieces, split_sequence
+from pipelib.context_parallel.step import attention_inputs, attention_step
+
+
+def time_attention(variant: str, seq_len: int, repeats: int = 3, *, group=None, layout: str = "zigzag",
+                   warmup: bool = True, **kw) -> list[float]:
+    """This rank's seconds per step of `variant`, `repeats` steps after one warm-up (unless
+    `warmup=False`); `variant` "alone" times this rank's own ring work without messages
+    (`rank_work`), from the same barrier."""
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    args = {k: kw[k] for k in ("batch", "heads", "head_dim", "dtype", "seed") if k in kw}
+    if variant == "alone":
+        work = rank_work(seq_len, n, me, layout=layout, causal=kw.get("causal", True), **args)
+    else:
+        shards = [split_sequence(t, n, me, layout) for t in attention_inputs(seq_len, **args)]
+
+        def work():
+            attention_step(variant, seq_len, group=group, layout=layout, inputs=shards, **kw)
+    times = []
+    for i in range(repeats + int(warmup)):
+        dist.barrier(group)
+        t0 = time.perf_counter()
+        work()
+        if i or not warmup:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def rank_work(seq_len: int, n: int, rank: int = 0, *, layout: str = "zigzag", causal: bool = True, **kw):
+    """A function doing rank `rank`'s ring-attention work, forward and backward, with every K/V
+    shard at hand and no message (inputs prepared here, outside what it times)."""
+    q, k, v, dout = attention_inputs(seq_len, **kw)
+    pieces = [shard_pieces(seq_len, n, r, layout) for r in range(n)]
+    qs, dos = split_sequence(q, n, rank, layout), split_sequence(dout, n, rank, layout)
+    ks = [split_sequence(k, n, r, layout) for r in range(n)]
+    vs = [split_sequence(v, n, r, layout) for r in range(n)]
+
+    def work():
+        out = lse = None
+        for j in range(n):
+            o, l, p = attend_pieces(qs, ks[j], vs[j], pieces[rank], pieces[j], causal)
+            if p:
+                out, lse = merge_partials(out, lse, o, l)
+        delta = (dos * out).sum(-1)
+        dq = torch.zeros_like(qs)
+        for j in range(n):
+            dq += attend_pieces_backward(dos, qs, ks[j], vs[j], lse, delta, pieces[rank], pieces[j], causal)[0]
+        return dq
+    return work
+
+
+def time_rank_alone(seq_len: int, n: int, rank: int = 0, repeats: int = 3, **kw) -> list[float]:
+    """Seconds per forward + backward of rank `rank`'s ring-attention work, in this process alone
+    (one warm-up first)."""
+    work = rank_work(seq_len, n, rank, **kw)
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        work()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
