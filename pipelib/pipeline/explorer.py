@@ -10,10 +10,11 @@ DualPipeV). Three layers, each usable alone:
   every op given the modelled duration the prediction used, set beside `simulate`.
 - `Explorer` (what `explorer(...)` returns), an ipywidgets VBox wiring sliders to the above.
 
-Time is counted in forwards: F is one unit (1 ms in the figures), B = b_ratio F, and schedules
-that split the backward (Qi et al. 2023) run I = (1 - w_share) B then W = w_share B. A message
-takes p2p_ratio F. A stage split into v chunks (interleaved, V placements) costs 1/v per chunk
-(`Costs.scaled`), so every schedule does the same work per rank and the timelines compare.
+Time is counted in forwards: F is one unit (1 ms simulated, "F" in the summary and figures:
+`f_units`), B = b_ratio F, and schedules that split the backward (Qi et al. 2023) run
+I = (1 - w_share) B then W = w_share B. A message takes p2p_ratio F. A stage split into v chunks
+(interleaved, V placements) costs 1/v per chunk (`Costs.scaled`), so every schedule does the
+same work per rank and the timelines compare.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 
-from pipelib.viz.display import figure_bundle
+from pipelib.viz.display import Units, figure_bundle, short_number
 from pipelib.pipeline.schedules import REGISTRY, Schedule, make_schedule, schedule_info
 from pipelib.pipeline.simulate import Costs, SimResult, bubble_closed_form, simulate
 from pipelib.trace import Kind, Trace
@@ -77,23 +78,28 @@ def closed_form(setting: Setting, result: SimResult) -> tuple[float | None, str]
         return None, str(e)
 
 
+def f_units(result: SimResult) -> Units:
+    """The predicted figures' time unit: one stage's forward F (v chunks of result.costs.F)."""
+    return Units("F", 1 / (result.costs.F * result.schedule.num_chunks))
+
+
 def summary_html(setting: Setting, result: SimResult) -> str:
     """One line: the bubble simulated and from its formula, the step, peak activations per rank."""
-    v = result.schedule.num_chunks
+    v, unit = result.schedule.num_chunks, f_units(result)  # the timeline's title writes the same
     form, why = closed_form(setting, result)
     form_txt = (f"closed form {form:.1%} (free messages)" if form is not None else
                 f'<span title="{html.escape(why)}">no closed form here</span>')
     peaks = ", ".join(f"{n / v:g}" for n in result.peak_inflight)
     return (f"<b>{setting.schedule}</b> · p={setting.p}, m={setting.m}, v={v} · step "
-            f"{result.makespan / result.costs.F / v:.4g} F · bubble <b>{result.bubble:.1%}</b> "
-            f"({form_txt}) · peak activations per rank [{peaks}] microbatches of a stage")
+            f"{short_number(result.makespan * unit.scale)} {unit.name} · bubble "
+            f"<b>{result.bubble:.1%}</b> ({form_txt}) · peak activations per rank [{peaks}] microbatches of a stage")
 
 
 def _figures(setting: Setting, result: SimResult, animate: bool):
-    v = result.schedule.num_chunks
+    v, unit = result.schedule.num_chunks, f_units(result)
     head = f"{setting.schedule}, p={setting.p}, m={setting.m}" + (f", v={v}" if v > 1 else "")
-    timeline = timeline_figure(result.events, f"{head}, simulated", animate=animate)
-    memory = memory_figure(result.events, f"Activations held per rank, {head}", per=v,
+    timeline = timeline_figure(result.events, f"{head}, simulated", animate=animate, unit=unit)
+    memory = memory_figure(result.events, f"Activations held per rank, {head}", unit, per=v,
                            yaxis_title="microbatches of a stage")
     return timeline, memory
 
@@ -111,9 +117,9 @@ def explorer_sweep(param: str, values, **setting):
     if param not in Setting.__dataclass_fields__:
         raise ValueError(f"param={param!r}; choose one of {list(Setting.__dataclass_fields__)}")
     traces = {str(x): predict(Setting(**{**setting, param: x})).events for x in values}
-    # a sweep over schedules names each in its frame's heading, not the default schedule
+    # a sweep over schedules names each in its frame's heading; every setting's F is F_SECONDS
     name = "Schedules" if param == "schedule" else setting.get("schedule", Setting.schedule)
-    return sweep_figure(traces, f"{name}, simulated", param=param)
+    return sweep_figure(traces, f"{name}, simulated", param=param, unit=Units("F", 1 / F_SECONDS))
 
 
 # ----------------------------------------------------------------------------- the cluster
@@ -187,32 +193,30 @@ class Explorer(widgets.VBox):
     """Controls, a summary line, a "Run on cluster" button and the figures (an Output area).
 
     Every change re-simulates and redraws (`redraw`, timed in `last_redraw_s`); the button runs
-    `measure` and draws measured above predicted, starting the cluster first when it was stopped
-    (a chapter's last cell stops it: after Run All, the button still works). The figures are written into the Output's
-    outputs as the bundle `pipelib.viz.display.show` emits, so they render without a kernel too.
+    `measure`, draws measured above predicted, and starts a stopped cluster first (a chapter's
+    last cell stops it). The figures go into the Output as `show`'s bundle: no kernel needed.
     """
 
     def __init__(self, cluster=None, setting: Setting = Setting(), *, max_p: int = 8, max_m: int = 32):
         # an unknown name raises the ValueError naming the schedules; an alias shows its name
         st = replace(setting, schedule=schedule_info(setting.schedule).name)
         self.cluster, self.result, self.measurement, self.last_redraw_s = cluster, None, None, None
-
+        self._chosen_v, self._syncing = st.num_chunks, False
         def slider(kind, value, lo, hi, step, label):
             return kind(value=value, min=lo, max=max(hi, value), step=step, description=label,
                         style={"description_width": "initial"}, continuous_update=False)
 
-        Int, Float = widgets.IntSlider, widgets.FloatSlider
         self.controls = dict(
             schedule=widgets.Dropdown(options=list(REGISTRY), value=st.schedule, description="schedule"),
-            p=slider(Int, st.p, 1, max_p, 1, "p (ranks)"),
-            m=slider(Int, st.m, 1, max_m, 1, "m (microbatches)"),
-            num_chunks=slider(Int, st.num_chunks, 1, 4, 1, "v (chunks)"),
-            b_ratio=slider(Float, st.b_ratio, 0.5, 4, 0.25, "B/F"),
-            w_share=slider(Float, st.w_share, 0, 1, 0.05, "W share of B"),
-            p2p_ratio=slider(Float, st.p2p_ratio, 0, 2, 0.05, "p2p/F"),
+            p=slider(widgets.IntSlider, st.p, 1, max_p, 1, "p (ranks)"),
+            m=slider(widgets.IntSlider, st.m, 1, max_m, 1, "m (microbatches)"),
+            num_chunks=slider(widgets.IntSlider, st.num_chunks, 1, 4, 1, "v (chunks)"),
+            b_ratio=slider(widgets.FloatSlider, st.b_ratio, 0.5, 4, 0.25, "B/F"),
+            w_share=slider(widgets.FloatSlider, st.w_share, 0, 1, 0.05, "W share of B"),
+            p2p_ratio=slider(widgets.FloatSlider, st.p2p_ratio, 0, 2, 0.05, "p2p/F"),
         )
         for w in self.controls.values():
-            w.observe(lambda _: self.redraw(), names="value")
+            w.observe(lambda _: None if self._syncing else self.redraw(), names="value")
         self.summary, self.report, self.output = widgets.HTML(), widgets.HTML(), widgets.Output()
         self.button = widgets.Button(description="Run on cluster", icon="play")
         self.button.on_click(lambda _: self.run_on_cluster())
@@ -233,10 +237,18 @@ class Explorer(widgets.VBox):
         self.output.outputs = tuple({"output_type": "display_data", "data": figure_bundle(f),
                                      "metadata": {}} for f in figs)
 
+    def _sync_chunks(self, info) -> None:
+        """Others than chunked schedules show, disabled, the v they use (1, or 2 for a V)."""
+        w, fixed = self.controls["num_chunks"], info.stages_per_rank
+        self._chosen_v = w.value if not w.disabled else self._chosen_v  # back with a chunked one
+        self._syncing = True  # no redraw from inside redraw
+        w.value, w.disabled = (self._chosen_v if fixed is None else fixed), fixed is not None
+        self._syncing = False
+
     def redraw(self) -> None:
-        t0, st = time.perf_counter(), self.setting
-        info = schedule_info(st.schedule)
-        self.controls["num_chunks"].disabled = not info.chunked
+        t0, info = time.perf_counter(), schedule_info(self.controls["schedule"].value)
+        self._sync_chunks(info)
+        st = self.setting
         self.controls["w_share"].disabled = not info.split_backward
         self.measurement, self.report.value = None, ""
         try:
@@ -255,7 +267,6 @@ class Explorer(widgets.VBox):
         self.last_redraw_s = time.perf_counter() - t0
 
     def run_on_cluster(self) -> Measurement | None:
-        st = self.setting
         if not self._runnable():
             return None
         self.button.disabled, self.report.value = True, "running one step on the cluster..."
@@ -265,7 +276,7 @@ class Explorer(widgets.VBox):
                 self.report.value = "the cluster was stopped: starting it (about 10 s)..."
                 self.cluster.start()
                 self.report.value = "running one step on the cluster..."
-            self.measurement = ms = measure(self.cluster, st)
+            self.measurement = ms = measure(self.cluster, self.setting)
         except Exception as e:  # noqa: BLE001 - a failed run is reported in the widget
             msg = html.escape(f"{type(e).__name__}: {e}")
             self.report.value = f'<span style="color:#b00020">{msg}</span>'

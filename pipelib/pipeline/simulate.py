@@ -114,10 +114,12 @@ class SimResult:
         """Idle time over compute time: (p-1)/m for GPipe, where `bubble` is (p-1)/(m+p-1)."""
         return self.bubble / (1.0 - self.bubble) if self.bubble < 1 else float("inf")
 
-    def summary(self) -> str:
+    def summary(self, unit: str = "s") -> str:
+        """One line: the makespan in `unit` (the costs' own unit: "s", or "F" when every op is
+        costed in forward passes, chapter 13), the bubble and the microbatches in flight."""
         s = self.schedule
         return (f"{s.name}: {s.num_ranks} ranks, {s.num_stages} stages, {s.num_microbatches} "
-                f"microbatches; makespan {self.makespan:.6g} s, bubble {self.bubble:.1%} "
+                f"microbatches; makespan {self.makespan:.6g} {unit}, bubble {self.bubble:.1%} "
                 f"({self.bubble_relative:.1%} of compute); peak in flight per rank "
                 f"{list(self.peak_inflight)}")
 

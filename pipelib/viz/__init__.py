@@ -13,7 +13,8 @@
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
-  span), rounding to what an axis shows, the play button and slider of every animation (nothing
+  span; or abstract units such as "units of F" for schedules costed in forward passes, with
+  `Units` and `time_title`), `nice_cuts` and `plain_number` for readable slider stops, rounding to what an axis shows, the play button and slider of every animation (nothing
   autoplays: a figure shows its final state until the reader presses play).
 
 The pure layer (DESIGN.md section 2): plotly and `pipelib.trace`, never torch.distributed nor
@@ -44,6 +45,10 @@ API: dict[str, str] = {
     "context_figure": "ring",
     "variants_figure": "ring",
     "time_unit": "display",
+    "Units": "display",
+    "time_title": "display",
+    "nice_cuts": "display",
+    "plain_number": "display",
     "figure_bundle": "display",
     "show": "display",
     "show_source": "display",

@@ -9,7 +9,8 @@ measured above predicted on one time axis.
 
 Readable at any density: a bar names its microbatch only where the number fits (plotly's
 `uniformtext` hides the rest), and hovering any bar tells rank, op, stage, microbatch, start,
-end and duration. Time axes pick µs, ms or s from the span (`pipelib.viz.display.time_unit`).
+end and duration. Time axes pick µs, ms or s from the span (`pipelib.viz.display.time_unit`);
+a schedule simulated in unit costs says so (`unit="units of F"`: "time (units of F)", "step 33.0 F").
 A figure first shows its final state; "play" replays it. Show them with `pipelib.viz.display.show`.
 This module never imports torch.distributed.
 
@@ -21,7 +22,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from pipelib.trace import Kind, Trace
-from pipelib.viz.display import play_controls, rounder, short_number, time_unit
+from pipelib.viz.display import (
+    Units, nice_cuts, plain_number, play_controls, rounder, short_number, time_title, time_unit,
+)
 
 KIND_COLORS = {
     Kind.COMPUTE: "#4C78A8",
@@ -120,14 +123,15 @@ def _bubble(traces, groups, overlay) -> str:
 
 
 def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = True, frames: int = 24,
-                    kinds=(Kind.COMPUTE, Kind.RECV_WAIT), unit: str | None = None,
+                    kinds=(Kind.COMPUTE, Kind.RECV_WAIT), unit: str | Units | None = None,
                     overlay: Trace | None = None, groups: tuple[str, str] = ("measured", "predicted")) -> go.Figure:
     """One row per rank; gaps are idle time (share in the row label); animated as time advances.
 
     With `overlay` (e.g. what `simulate` predicts for the run in `trace`), two row groups share
     the time axis: `trace`'s rows on top, the overlay's below, named by `groups` (chapter 12).
-    The time unit is chosen from the span unless `unit` ("s", "ms", "us") is given. The figure
-    shows the whole step; "play" replays it in `frames` frames.
+    The time unit is chosen from the span unless `unit` ("s", "ms", "us"; "units of F" for unit
+    costs) is given. The figure shows the whole step; "play" replays it in at most `frames`
+    frames, at round times (`nice_cuts`) so the slider's labels stay readable.
     """
     show_kinds = {Kind(k) for k in kinds}
     traces = [trace] if overlay is None else [trace, overlay]
@@ -144,20 +148,19 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     fig.update_layout(
         title=dict(text=f"{title}<br><sub>bubble {_bubble(traces, groups, overlay is not None)} of "
                         f"{trace.world_size} ranks × step {steps} · idle: gaps{idle_bars}</sub>"),
-        xaxis=dict(title=f"time ({unit})", range=[0, span * scale * 1.02]),
+        xaxis=dict(title=time_title(unit), range=[0, span * scale * 1.02]),
         yaxis=dict(categoryarray=[n for r in rows for n in r][::-1], categoryorder="array"),
         height=260 + 38 * sum(t.world_size for t in traces), **LAYOUT,
     )
     if animate and trace.events:
-        cuts = [span * (i + 1) / frames for i in range(frames)]
-        fig.frames = [go.Frame(data=[b for t, k in zip(traces, keys) for b in _widths(t, show_kinds, c, scale, rnd, k)],
+        cuts = nice_cuts(span * scale, frames)  # in axis units
+        fig.frames = [go.Frame(data=[b for t, k in zip(traces, keys) for b in _widths(t, show_kinds, c / scale, scale, rnd, k)],
                                traces=list(range(len(fig.data))), name=f"{i}") for i, c in enumerate(cuts)]
-        play_controls(fig, [f"{i}" for i in range(frames)], [short_number(c * scale) for c in cuts],
-                      "t = ", f" {unit}")
+        play_controls(fig, [f"{i}" for i in range(len(cuts))], [plain_number(c) for c in cuts], "t = ", f" {unit}")
     return fig
 
 
-def sweep_figure(traces: dict, title: str = "Timeline", *, param: str = "", unit: str | None = None,
+def sweep_figure(traces: dict, title: str = "Timeline", *, param: str = "", unit: str | Units | None = None,
                  kinds=(Kind.COMPUTE, Kind.RECV_WAIT)) -> go.Figure:
     """One timeline per setting (`{value label: Trace}`), switched by a slider and a play button.
 
@@ -186,14 +189,14 @@ def sweep_figure(traces: dict, title: str = "Timeline", *, param: str = "", unit
     fig = go.Figure(data=frames[-1].data, frames=frames)
     fig.update_layout(
         title=dict(text=heading(labels[-1], list(traces.values())[-1])),
-        xaxis=dict(title=f"time ({unit})", range=[0, 1.02 * scale * span]),
+        xaxis=dict(title=time_title(unit), range=[0, 1.02 * scale * span]),
         yaxis=dict(categoryorder="array", categoryarray=names[::-1]), height=260 + 38 * len(names), **LAYOUT,
     )
     play_controls(fig, labels, labels, f"{param} = " if param else "", "")
     return fig
 
 
-def memory_figure(trace: Trace, title: str = "Memory over time", unit: str | None = None, *,
+def memory_figure(trace: Trace, title: str = "Memory over time", unit: str | Units | None = None, *,
                   per: float = 2**20, yaxis_title: str = "allocated (MiB)") -> go.Figure:
     """Bytes allocated per rank after each event, as a step line per rank (in units of `per` bytes)."""
     unit, scale = time_unit(trace.span, unit)
@@ -210,7 +213,7 @@ def memory_figure(trace: Trace, title: str = "Memory over time", unit: str | Non
             x=[0] + [rnd((e.end - t0) * scale) for e in evs], y=[0] + [float(f"{e.memory / per:.6g}") for e in evs],
             mode="lines", line_shape="hv", name=f"rank {r}", line=dict(color=PALETTE[r % len(PALETTE)]),
             hovertemplate=f"rank {r} · %{{x}} {unit}: %{{y}} {yaxis_title}<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title=f"time ({unit})", yaxis_title=yaxis_title,
+    fig.update_layout(title=title, xaxis_title=time_title(unit), yaxis_title=yaxis_title,
                       template="plotly_white", height=320, margin=dict(l=10, r=10, t=50, b=10))
     return fig
 

@@ -1,5 +1,7 @@
 """The schedule explorer: pure predictions against the closed forms, the widget driven like a
 reader (sliders, dropdown, button), and measured on the cluster equal to predicted."""
+import re
+
 import pytest
 
 from pipelib.pipeline.explorer import (
@@ -174,6 +176,40 @@ def test_button_starts_a_stopped_cluster_first():
     assert "stopped" not in e.report.value
 
 
+def _step(text: str) -> str:
+    """The "step X U" of a summary line or a figure title."""
+    return re.search(r"step (\S+ \S+?)(?:<| ·)", text).group(1)
+
+
+@pytest.mark.parametrize("name,v", [("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("gpipe", 1)])
+def test_summary_and_figures_say_the_same_step_in_units_of_f(name, v):
+    e = explorer(schedule=name, p=4, m=8, num_chunks=v)
+    step = _step(e.summary.value)
+    assert step == _step(titles(e)[0]) and step.endswith(" F"), (e.summary.value, titles(e)[0])
+    assert float(step.split()[0]) == pytest.approx(e.result.makespan / 1e-3, abs=0.05)  # F = 1 ms
+    for out in e.output.outputs:  # the timeline and the memory: one unit
+        assert out["data"][PLOTLY]["layout"]["xaxis"]["title"]["text"] == "time (units of F)"
+    sweep = explorer_sweep("schedule", ["gpipe", "zbv"], p=4, m=8)
+    assert sweep.layout.xaxis.title.text == "time (units of F)"
+    gpipe = predict(Setting("gpipe", 4, 8))
+    assert f"step {gpipe.makespan / 1e-3:.1f} F" in sweep.frames[0].layout.title.text
+
+
+def test_the_v_slider_shows_the_v_used_when_it_does_not_apply():
+    e = explorer(schedule="1f1b", p=4, m=8, num_chunks=3)
+    v = e.controls["num_chunks"]
+    assert (v.value, v.disabled) == (1, True) and "v=1" in e.summary.value
+    e.controls["schedule"].value = "zbv"  # a V: two stages per rank, fixed
+    assert (v.value, v.disabled) == (2, True) and "v=2" in e.summary.value
+    e.controls["schedule"].value = "interleaved_1f1b"  # the reader's v comes back
+    assert (v.value, v.disabled) == (3, False) and "v=3" in e.summary.value
+    v.value = 4
+    e.controls["schedule"].value = "gpipe"
+    assert (v.value, v.disabled) == (1, True)
+    e.controls["schedule"].value = "interleaved_1f1b"
+    assert v.value == 4 and "v=4" in e.summary.value
+
+
 # ----------------------------------------------------------------------------- the cluster
 def _warm():
     """A first pipeline step on fresh engines pays one-off costs: backward with a given output
@@ -209,6 +245,8 @@ def test_run_on_cluster_overlays_a_measurement_equal_to_the_prediction(warm_clus
     assert {f"measured · rank {r}" for r in range(p)} <= {n.split(" · idle")[0] for n in names}
     assert {f"predicted · rank {r}" for r in range(p)} <= {n.split(" · idle")[0] for n in names}
     assert all(b > 0 for b in ms.peak_activation_bytes)
+    clock = e.output.outputs[0]["data"][PLOTLY]["layout"]["xaxis"]["title"]["text"]
+    assert clock in {"time (s)", "time (ms)", "time (µs)"}  # measured: a clock's unit, not F
     e.controls["m"].value = 2 * m  # any change goes back to the prediction alone
     assert e.measurement is None and e.report.value == ""
     assert not any(n.startswith("measured") for n in rows(e))
