@@ -19,13 +19,15 @@ PURE = [
     "pipelib.viz.timeline", "pipelib.viz.comm", "pipelib.viz.hardware", "pipelib.viz.display",
     "pipelib.recompute.formulas", "pipelib.viz.recompute",
     "pipelib.context_parallel.costs", "pipelib.viz.ring",
+    "pipelib.tensor_parallel.plan", "pipelib.tensor_parallel.formulas", "pipelib.viz.tensor_parallel",
 ]
 # Not even torch itself: the schedules, their simulation and the formulas.
 NO_TORCH = {"pipelib.checks", "pipelib.trace", "pipelib.costmodel", "pipelib.memory",
             "pipelib.pipeline.schedules", "pipelib.pipeline.schedules.registry",
             "pipelib.pipeline.simulate", "pipelib.comm.alphabeta",
             "pipelib.recompute.formulas", "pipelib.viz.recompute",
-            "pipelib.context_parallel.costs"}
+            "pipelib.context_parallel.costs", "pipelib.tensor_parallel.plan",
+            "pipelib.tensor_parallel.formulas", "pipelib.viz.tensor_parallel"}
 
 # Run in a fresh interpreter: import each module and report what it pulled in.
 PROBE = r"""

@@ -7,6 +7,9 @@
   by step from their messages (chapters 05 and 06);
 - `recompute`: `recompute_memory_figure`, `tradeoff_figure`: memory over the compute done, per
   recomputation policy, and peak memory against extra compute (chapter 14);
+- `tensor_parallel`: `tp_split_figure`, `tp_collectives_figure`, `tp_link_share_figure`,
+  `tp_memory_figure`: who holds which weights, every collective of a TP step from the trace,
+  the communication share per link, activations kept per layer (chapter 09);
 - `ring`: `work_figure`, `overlap_figure`, `context_figure`, `variants_figure`: causal work per
   rank, transfer hidden behind compute, the longest context per number of ranks, and ring,
   all-gather and Ulysses side by side (chapter 17);
@@ -40,6 +43,10 @@ API: dict[str, str] = {
     "size_sweep_bandwidth_figure": "comm",
     "recompute_memory_figure": "recompute",
     "tradeoff_figure": "recompute",
+    "tp_split_figure": "tensor_parallel",
+    "tp_collectives_figure": "tensor_parallel",
+    "tp_link_share_figure": "tensor_parallel",
+    "tp_memory_figure": "tensor_parallel",
     "work_figure": "ring",
     "overlap_figure": "ring",
     "context_figure": "ring",

@@ -62,6 +62,14 @@ SAMPLES = {
     "recompute_memory_figure": lambda: viz.recompute_memory_figure(
         {"none": [(0, 0, "forward"), (10, 5, "forward"), (30, 0, "backward")]}),
     "tradeoff_figure": lambda: viz.tradeoff_figure([{"label": "full", "extra": 0.3, "peak": 2**20, "predicted": 2**20}]),
+    "tp_split_figure": lambda: viz.tp_split_figure(8, 6, 2),
+    "tp_collectives_figure": lambda: viz.tp_collectives_figure(Trace(
+        [Event(0, Kind.COLLECTIVE, f"all_reduce: block {i} {d}", 1e-3 * j, 1e-3 * j + 1e-4, bytes=4096)
+         for j, (i, d) in enumerate((i, d) for d in ("forward", "backward") for i in range(2))], 1)),
+    "tp_link_share_figure": lambda: viz.tp_link_share_figure(
+        [{"link": l, "t": t, "share": s, "ms": 50 * s} for l, s in (("nvlink4", 0.01), ("pcie5", 0.05)) for t in (2, 8)]),
+    "tp_memory_figure": lambda: viz.tp_memory_figure(
+        [{"setting": "t=1", "measured": 74240, "counted": 74240}, {"setting": "t=2 TP", "measured": 45568, "counted": None}]),
     "work_figure": lambda: viz.work_figure({"zigzag": _sim("1f1b"), "contiguous": _sim("gpipe")}),
     "overlap_figure": lambda: viz.overlap_figure(
         [{"shard_len": c, "hidden": h, "step_over_compute": t} for c, h, t in ((64, 0.4, 1.6), (256, 1.0, 1.0))], 146.6),

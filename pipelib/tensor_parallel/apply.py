@@ -1,0 +1,124 @@
+"""`apply_tensor_parallel(model, group, plan)`: the unaware model split from outside.
+
+Every rank of `group` builds the same full model (same seed), then keeps its shard: the plan
+(`pipelib.tensor_parallel.plan`) says which module gets which style, each style swaps the module
+for its parallel twin (`layers`, `vocab`) or, for ``heads``, only changes `n_head`. The model's
+own forward code is untouched: a column-parallel c_attn gives 3 C/t channels and model.py reads
+the head shapes from them.
+
+After the backward pass, `sync_sequence_grads` sums the gradients of the replicated parameters
+that saw only a sequence shard (layer norms, row biases, positions: one coalesced all-reduce),
+and `tp_full_gradients` puts every gradient back together under the unsharded model's names, with
+torch's all-gather (untraced: it is the check, not the method).
+
+Dropout: the split model equals one process only with dropout 0 (the book's default), since
+each rank draws its own masks; Megatron keeps a separate random state for the split regions so
+that replicated dropouts agree across ranks and split ones differ. Introduced in chapter 09.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from pipelib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, gather_sequence_before
+from pipelib.tensor_parallel.ops import TPComm, all_reduce_tp
+from pipelib.tensor_parallel.plan import is_sequence_parallel, validate_plan
+from pipelib.tensor_parallel.vocab import PositionShard, VocabParallelEmbedding, VocabParallelHead
+
+_TP_ORDER = ("vocab_embedding", "position_shard", "heads", "colwise", "colwise_qkv", "rowwise",
+          "sequence", "vocab_head")  # the embedding before the head tied to it
+
+
+def _tp_set(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
+
+
+def apply_tensor_parallel(model: nn.Module, group, plan: dict, *, backend: str = "pipelib") -> nn.Module:
+    """Shard `model` in place for this rank of `group` (t = the group's size) following `plan`;
+    return it. Errors (unknown module or style, sizes not divisible by t) are raised before any
+    weight moves. The model's forward then runs the Megatron layer: f, column-parallel,
+    local math, row-parallel, g; under a plan with ``sequence`` entries, sequence parallelism."""
+    comm = TPComm(group, backend)
+    matched = validate_plan(model, plan, comm.size)
+    sp = is_sequence_parallel(plan)
+    model.tp_comm, model.tp_sequence_parallel = comm, sp
+    todo = sorted(((plan[k], n) for k, names in matched.items() for n in names),
+                  key=lambda sn: (_TP_ORDER.index(sn[0]), sn[1]))
+    tied = {}  # id(full embedding weight) -> (shard Parameter, first row)
+    for style, name in todo:
+        m = model.get_submodule(name)
+        if style == "vocab_embedding":
+            new = VocabParallelEmbedding(m, comm, sequence_parallel=sp, label=name)
+            tied[id(m.weight)] = (new.weight, new.start)
+            _tp_set(model, name, new)
+        elif style == "position_shard":
+            _tp_set(model, name, PositionShard(m, comm))
+        elif style == "heads":
+            m.n_head //= comm.size
+            if sp:  # attention reads T from its input: gather the sequence before it runs
+                gather_sequence_before(m, comm, name)
+        elif style in ("colwise", "colwise_qkv"):
+            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+            _tp_set(model, name, ColumnParallelLinear(m, comm, fused=3 if style == "colwise_qkv" else 1,
+                                                   sequence_parallel=sp, label=name,
+                                                   gathered=getattr(parent, "tp_gathers_input", False)))
+        elif style == "rowwise":
+            _tp_set(model, name, RowParallelLinear(m, comm, sequence_parallel=sp, label=name))
+        elif style == "sequence":
+            for p in m.parameters():
+                p.tp_sequence = True
+        elif style == "vocab_head":
+            if id(m.weight) not in tied:
+                raise ValueError(f"plan[{name!r}] = 'vocab_head' needs its weight tied to an embedding "
+                                 f"the plan splits with 'vocab_embedding' (the GPT's wte); none found")
+            weight, start = tied[id(m.weight)]
+            _tp_set(model, name, VocabParallelHead(weight, start, comm, sequence_parallel=sp, label=name))
+    return model
+
+
+def sequence_parallel_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The replicated parameters whose gradient each rank computes from its sequence shard only."""
+    return [(n, p) for n, p in model.named_parameters() if getattr(p, "tp_sequence", False)]
+
+
+def sync_sequence_grads(model: nn.Module) -> int:
+    """Sum the gradients of `sequence_parallel_params` over the group in ONE all-reduce (flattened,
+    concatenated); return the number of elements. Megatron does the same for its layer norms."""
+    params = [p for _, p in sequence_parallel_params(model) if p.grad is not None]
+    if not params or not getattr(model, "tp_sequence_parallel", False):
+        return 0
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = all_reduce_tp(flat, model.tp_comm, "sequence-parallel parameter gradients")
+    i = 0
+    for p in params:
+        p.grad.copy_(flat[i:i + p.numel()].view_as(p))
+        i += p.numel()
+    return flat.numel()
+
+
+def tp_unshard(shards: list[torch.Tensor], dim: int, fused: int = 1) -> torch.Tensor:
+    """The full tensor from the ranks' shards cut by `tp_shard_rows` (dim 0, fused) or along `dim`."""
+    if fused == 1:
+        return torch.cat(shards, dim=dim)
+    pieces = [s.chunk(fused, dim=dim) for s in shards]  # [rank][q, k, v]
+    return torch.cat([pieces[r][f] for f in range(fused) for r in range(len(shards))], dim=dim)
+
+
+def tp_full_gradients(model: nn.Module, group, *, what: str = "grad") -> dict[str, torch.Tensor]:
+    """Every gradient (or with what="data", every parameter) of the sharded model, whole, under
+    the unsharded model's names: sharded ones all-gathered with torch's built-in, replicated
+    ones as they are."""
+    out = {}
+    t = dist.get_world_size(group)
+    for name, p in model.named_parameters():
+        g = p.detach() if what == "data" else p.grad if p.grad is not None else torch.zeros_like(p)
+        dim = getattr(p, "tp_dim", None)
+        if dim is None or t == 1:
+            out[name] = g.detach().clone()
+            continue
+        parts = [torch.empty_like(g) for _ in range(t)]
+        dist.all_gather(parts, g.contiguous(), group=group)
+        out[name] = tp_unshard(parts, dim, getattr(p, "tp_fused", 1))
+    return out

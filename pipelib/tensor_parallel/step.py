@@ -1,0 +1,171 @@
+"""Training steps of the tensor-parallel GPT, run on every engine, against the single process.
+
+    results = cluster.run(tp_train_step, cfg, 4, 16, 2)            # t = 2: ranks 0 and 1
+    check_against_reference(results, *tp_reference_step(cfg, 4, 16))  # same loss and gradients
+
+The group holds ranks 0 .. t-1 of the world (`tp_group`, made on every rank in the same order);
+ranks outside it return None. Group rank 0 returns the `StepResult`: the loss, every gradient
+put back together under the unsharded model's names, and the logits gathered (for the check
+only: training never gathers them). Introduced in chapter 09.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from pipelib.results import StepResult
+
+_TP_GROUPS: dict = {}
+
+
+def tp_group(t: int):
+    """The process group of ranks 0..t-1 (every rank must call this, in the same order: new_group
+    is collective); None on ranks outside it."""
+    from pipelib.checks import check_int
+
+    world = dist.get_world_size()
+    check_int(t, "t", context="tp_group", hint=f"the tensor-parallel degree, at most world_size={world}")
+    if t > world:
+        raise ValueError(f"tp_group: t={t} is larger than the world ({world} ranks); use t <= {world}")
+    if t not in _TP_GROUPS:
+        _TP_GROUPS[t] = dist.new_group(list(range(t)))
+    return _TP_GROUPS[t] if dist.get_rank() < t else None
+
+
+def tp_batch(config, b: int, s: int, data_seed: int = 1):
+    """Token ids and next-token targets, (b, s) each, from a seeded generator (same on every rank)."""
+    g = torch.Generator().manual_seed(data_seed)
+    idx = torch.randint(0, config.vocab_size, (b, s + 1), generator=g)
+    return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+
+
+def tp_forward(model, idx, targets):
+    """Embedding, blocks, head, loss of a model made by `apply_tensor_parallel`: (logits, loss),
+    the logits local to the rank (B, T, V/t) under a vocabulary-parallel head."""
+    from pipelib.model import cross_entropy
+    from pipelib.tensor_parallel.vocab import VocabParallelHead, vocab_parallel_cross_entropy
+
+    head = model.head.lm_head
+    if getattr(model, "tp_sequence_parallel", False) and not isinstance(head, VocabParallelHead):
+        raise ValueError("sequence parallelism on the whole GPT needs the vocabulary-parallel "
+                         "embedding and head: use gpt_tp_plan(vocab=True, sequence_parallel=True)")
+    x = model.embed(idx)  # (B, T, C), or (B, T/t, C) under sequence parallelism
+    for block in model.blocks:
+        x = block(x)
+    logits = model.head(x)  # (B, T, V/t) or (B, T, V)
+    if isinstance(head, VocabParallelHead):
+        return logits, vocab_parallel_cross_entropy(logits, targets, model.tp_comm, head.start)
+    return logits, cross_entropy(logits, targets)
+
+
+def _tp_measured_forward(model, idx, targets):
+    """tp_forward with the bytes autograd saves for backward counted (this rank's device memory
+    tracker, parameters excluded): (logits, loss, saved activation bytes after the forward)."""
+    from pipelib.runtime.device import current
+
+    dev = current()
+    dev.memory = dev.fresh_memory()
+    dev.memory.track_activations = True
+    dev.memory.track_module(model)
+    with dev.memory.saved_activations():
+        logits, loss = tp_forward(model, idx, targets)
+    return logits, loss, dev.memory.bytes["activations"]
+
+
+def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, vocab: bool = True,
+                 dtype: str = "float32", seed: int = 0, backend: str = "pipelib"):
+    """(model, group) on this rank: the full GPT(config, seed) split by `plan` (default
+    `gpt_tp_plan(vocab=..., sequence_parallel=...)`); (None, None) outside the group."""
+    from pipelib.model import GPT
+    from pipelib.tensor_parallel.apply import apply_tensor_parallel
+    from pipelib.tensor_parallel.plan import gpt_tp_plan
+
+    group = tp_group(t)
+    if group is None:
+        return None, None
+    model = GPT(config, seed).to(getattr(torch, dtype))
+    plan = plan if plan is not None else gpt_tp_plan(vocab=vocab, sequence_parallel=sequence_parallel)
+    return apply_tensor_parallel(model, group, plan, backend=backend), group
+
+
+def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_parallel: bool = False,
+                  vocab: bool = True, dtype: str = "float32", seed: int = 0, data_seed: int = 1,
+                  backend: str = "pipelib") -> StepResult | None:
+    """One forward and backward of the TP GPT on ranks 0..t-1 (no optimizer step).
+
+    stats: `logits` (gathered), `sp_grad_numel` (elements of the sequence-parallel gradient
+    all-reduce), `local_params` (this rank's parameter elements), `activation_bytes` (what
+    autograd saved for backward on this rank, measured by its device's memory tracker)."""
+    from pipelib.tensor_parallel.apply import tp_full_gradients, sync_sequence_grads
+    from pipelib.tensor_parallel.plan import check_sequence_divisible
+
+    model, group = build_tp_gpt(config, t, plan=plan, sequence_parallel=sequence_parallel, vocab=vocab,
+                                dtype=dtype, seed=seed, backend=backend)
+    if model is None:
+        return None
+    if model.tp_sequence_parallel:
+        check_sequence_divisible(s, t)
+    idx, targets = tp_batch(config, b, s, data_seed)
+    logits, loss, saved = _tp_measured_forward(model, idx, targets)
+    loss.backward()
+    sp_numel = sync_sequence_grads(model)
+    grads = tp_full_gradients(model, group)
+    logits = logits.detach()
+    if logits.size(-1) != config.vocab_size:  # vocabulary-parallel: gather for the check only
+        parts = [torch.empty_like(logits) for _ in range(t)]
+        dist.all_gather(parts, logits.contiguous(), group=group)
+        logits = torch.cat(parts, dim=-1)
+    first = dist.get_rank(group) == 0
+    stats = {"sp_grad_numel": sp_numel, "local_params": sum(p.numel() for p in model.parameters()),
+             "activation_bytes": saved}
+    if first:
+        stats["logits"] = logits
+    return StepResult(loss=loss.detach() if first else None, grads=grads if first else {}, stats=stats)
+
+
+def tp_reference_step(config, b: int, s: int, *, dtype: str = "float32", seed: int = 0, data_seed: int = 1):
+    """The unsharded GPT on one process: (loss, {name: gradient}, logits)."""
+    from pipelib.model import GPT
+
+    model = GPT(config, seed).to(getattr(torch, dtype))
+    idx, targets = tp_batch(config, b, s, data_seed)
+    logits, loss = model(idx, targets)
+    loss.backward()
+    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}, logits.detach()
+
+
+def tp_train(config, t: int, steps: int, *, lr: float = 1e-3, batch_size: int = 8, seed: int = 0,
+             sequence_parallel: bool = False, dtype: str = "float32",
+             backend: str = "pipelib") -> StepResult | None:
+    """`steps` AdamW steps of the TP GPT on the book's character corpus, the same batches as
+    `pipelib.train.train_gpt(GPT(config, seed), char_corpus(), steps, lr, batch_size, seed=seed)`:
+    Adam is elementwise, so each rank updates its shard alone. Group rank 0 returns the losses
+    and every parameter, whole. `config.vocab_size` must be at least the corpus's
+    (`char_corpus().vocab_size`) and a multiple of t: pad it if needed (extra rows are never a
+    target). In fp32, compare parameters loosely: a gradient that is zero in exact arithmetic
+    (the key bias: softmax ignores a shift) is rounding noise of 1e-9, which Adam divides by its
+    own square root plus eps = 1e-8 and turns into steps of lr size; fp64 keeps it below eps."""
+    from pipelib.data import char_corpus
+    from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients
+
+    model, group = build_tp_gpt(config, t, sequence_parallel=sequence_parallel, seed=seed, dtype=dtype,
+                                backend=backend)
+    if model is None:
+        return None
+    data, g = char_corpus(), torch.Generator().manual_seed(seed)
+    if data.vocab_size > config.vocab_size:
+        raise ValueError(f"tp_train: the corpus has {data.vocab_size} characters but vocab_size="
+                         f"{config.vocab_size}; use a multiple of t={t} that is >= {data.vocab_size}")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for _ in range(steps):
+        x, y = data.get_batch("train", batch_size, config.block_size, g)  # (B, T), (B, T)
+        _, loss = tp_forward(model, x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        sync_sequence_grads(model)
+        opt.step()
+        losses.append(loss.item())
+    params = tp_full_gradients(model, group, what="data")
+    first = dist.get_rank(group) == 0
+    return StepResult(losses=tuple(losses), params=params) if first else None
