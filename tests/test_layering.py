@@ -20,6 +20,7 @@ PURE = [
     "pipelib.recompute.formulas", "pipelib.viz.recompute",
     "pipelib.context_parallel.costs", "pipelib.viz.ring",
     "pipelib.tensor_parallel.plan", "pipelib.tensor_parallel.formulas", "pipelib.viz.tensor_parallel",
+    "pipelib.data_parallel.zero_formulas", "pipelib.viz.zero",
 ]
 # Not even torch itself: the schedules, their simulation and the formulas.
 NO_TORCH = {"pipelib.checks", "pipelib.trace", "pipelib.costmodel", "pipelib.memory",
@@ -27,7 +28,8 @@ NO_TORCH = {"pipelib.checks", "pipelib.trace", "pipelib.costmodel", "pipelib.mem
             "pipelib.pipeline.simulate", "pipelib.comm.alphabeta",
             "pipelib.recompute.formulas", "pipelib.viz.recompute",
             "pipelib.context_parallel.costs", "pipelib.tensor_parallel.plan",
-            "pipelib.tensor_parallel.formulas", "pipelib.viz.tensor_parallel"}
+            "pipelib.tensor_parallel.formulas", "pipelib.viz.tensor_parallel",
+            "pipelib.data_parallel.zero_formulas", "pipelib.viz.zero"}
 
 # Run in a fresh interpreter: import each module and report what it pulled in.
 PROBE = r"""

@@ -7,6 +7,9 @@
   by step from their messages (chapters 05 and 06);
 - `recompute`: `recompute_memory_figure`, `tradeoff_figure`: memory over the compute done, per
   recomputation policy, and peak memory against extra compute (chapter 14);
+- `zero`: `zero_memory_figure`, `milestone_figure`, `loss_curves_figure`: bytes per rank of
+  each ZeRO stage measured beside the formula, the per-GPU memory of each stage as the world
+  grows, training losses side by side (chapter 08);
 - `tensor_parallel`: `tp_split_figure`, `tp_collectives_figure`, `tp_link_share_figure`,
   `tp_memory_figure`: who holds which weights, every collective of a TP step from the trace,
   the communication share per link, activations kept per layer (chapter 09);
@@ -43,6 +46,9 @@ API: dict[str, str] = {
     "size_sweep_bandwidth_figure": "comm",
     "recompute_memory_figure": "recompute",
     "tradeoff_figure": "recompute",
+    "zero_memory_figure": "zero",
+    "milestone_figure": "zero",
+    "loss_curves_figure": "zero",
     "tp_split_figure": "tensor_parallel",
     "tp_collectives_figure": "tensor_parallel",
     "tp_link_share_figure": "tensor_parallel",

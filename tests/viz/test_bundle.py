@@ -62,6 +62,12 @@ SAMPLES = {
     "recompute_memory_figure": lambda: viz.recompute_memory_figure(
         {"none": [(0, 0, "forward"), (10, 5, "forward"), (30, 0, "backward")]}),
     "tradeoff_figure": lambda: viz.tradeoff_figure([{"label": "full", "extra": 0.3, "peak": 2**20, "predicted": 2**20}]),
+    "zero_memory_figure": lambda: viz.zero_memory_figure(
+        [{"stage": s, "measured": {"parameters": 4e6 / d, "gradients": 4e6 / d, "optimizer": 8e6 / d},
+          "formula": {"parameters": 4e6 / d, "gradients": 4e6 / d, "optimizer": 8e6 / d}} for s, d in ((0, 1), (3, 2))],
+        capacity=12_000_000),
+    "milestone_figure": lambda: viz.milestone_figure(1e10, [1, 2, 8], {0: [160, 160, 160], 3: [160, 80, 20]}),
+    "loss_curves_figure": lambda: viz.loss_curves_figure({"one process": [4.5, 3.1, 2.6], "ZeRO-2": [4.5, 3.1, 2.6]}),
     "tp_split_figure": lambda: viz.tp_split_figure(8, 6, 2),
     "tp_collectives_figure": lambda: viz.tp_collectives_figure(Trace(
         [Event(0, Kind.COLLECTIVE, f"all_reduce: block {i} {d}", 1e-3 * j, 1e-3 * j + 1e-4, bytes=4096)

@@ -1,0 +1,156 @@
+"""DeepSpeed's ZeRO on the same model and data as pipelib's, on CPU, without a launcher.
+
+DeepSpeed (Rasley et al. 2020) is the library ZeRO came from (Rajbhandari et al. 2020). It
+expects its own launcher (`deepspeed train.py`), which starts one process per rank and sets
+RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Here `run_deepspeed` does the
+launcher's job with `torch.multiprocessing.spawn` (fresh processes, outside the notebook's
+engine cluster, because DeepSpeed initialises torch.distributed itself); on CPU its accelerator
+picks gloo.
+
+Two things DeepSpeed compiles on first use, and how this twin avoids both:
+
+- CPU FusedAdam (about 59 s): ``"torch_adam": true`` in the optimizer's params uses torch's Adam;
+- the shared-memory all-reduce `deepspeed_shm_comm` (about 28 s), built when the communication
+  backend starts. It serves only `inference_all_reduce`, which training never calls, so the
+  twin marks it unavailable (`deepspeed.ops.__compatible_ops__`) before `deepspeed.initialize`:
+  nothing is compiled and no timed figure ever includes a build (chapter 08 measures the
+  difference with ``build_shm=True``).
+
+Every rank trains `steps` steps on its slice of the same batches as pipelib's ZeRO and the
+single process (`zero_batches`); rank 0 writes the gradients of the first step and the
+parameters after the last one, gathered to full tensors with `deepspeed.utils.safe_get_full_grad`
+/ `safe_get_full_fp32_param`, to a file the caller loads.
+
+Introduced in chapter 08.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+
+
+def deepspeed_config(stage: int, lr: float = 1e-3, micro_batch: int = 4, *, world_size: int = 2,
+                     bf16: bool = False, betas=(0.9, 0.999), eps: float = 1e-8) -> dict:
+    """The JSON config DeepSpeed reads: ZeRO `stage`, torch's Adam, no gradient clipping."""
+    cfg = {
+        "train_batch_size": micro_batch * world_size,
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": lr, "betas": list(betas), "eps": eps,
+                                                 "weight_decay": 0.0, "torch_adam": True}},
+        "zero_optimization": {"stage": stage},
+        "gradient_clipping": 0.0,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if bf16:
+        cfg["bf16"] = {"enabled": True}
+    return cfg
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, job, out_path):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
+                      OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    import logging
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")  # deprecations inside DeepSpeed, not the reader's concern
+
+    torch.set_num_threads(1)
+    import deepspeed
+    from deepspeed.utils import logger, safe_get_full_fp32_param, safe_get_full_grad
+
+    logger.setLevel(logging.ERROR)
+    if not job["build_shm"]:
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    from pipelib.data_parallel.zero_runner import zero_model, zero_loss, zero_batches
+
+    model = zero_model(job["model"])
+    t0 = time.perf_counter()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=job["config"], dist_init_required=True)
+    init_s = time.perf_counter() - t0
+    names = [n for n, _ in model.named_parameters()]
+    grads, losses, times = None, [], []
+    for step, (x, y) in enumerate(zero_batches(job["model"], job["steps"], job["batch"], world_size, rank)):
+        if job["config"].get("bf16", {}).get("enabled") and x.is_floating_point():
+            x = x.to(torch.bfloat16)
+        t = time.perf_counter()
+        loss = zero_loss(engine, x, y)
+        engine.backward(loss)
+        if step == 0:
+            grads = {n: safe_get_full_grad(p).detach().float().clone() for n, p in zip(names, engine.module.parameters())}
+        engine.step()
+        times.append(time.perf_counter() - t)
+        mean = loss.detach().float().clone()
+        torch.distributed.all_reduce(mean)  # the global batch's loss, for the curve (not timed)
+        losses.append(mean.item() / world_size)
+    params = {n: safe_get_full_fp32_param(p).detach().float().clone() for n, p in zip(names, engine.module.parameters())}
+    inner = engine.optimizer.optimizer  # torch's Adam, on this rank's fp32 partition
+    state = {"partition": sum(p.numel() for g in inner.param_groups for p in g["params"]),
+             "adam_moments": sum(v.numel() for st in inner.state.values() for k, v in st.items()
+                                 if k in ("exp_avg", "exp_avg_sq"))}
+    if rank == 0:
+        torch.save({"grads": grads, "params": params, "losses": losses, "times": times,
+                    "init_seconds": init_s, "state_numel": state}, out_path)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def run_deepspeed(model_spec: dict, stage: int, *, world_size: int = 2, steps: int = 3, batch: int = 8,
+                  lr: float = 1e-3, bf16: bool = False, build_shm: bool = False):
+    """Train `model_spec` (see `pipelib.data_parallel.zero_runner.zero_model`) with DeepSpeed ZeRO
+    `stage` on `world_size` spawned CPU processes; return rank 0's `StepResult`: grads of the
+    *first* step (full tensors), params after `steps`, losses (the whole batch's, averaged over
+    ranks), times (seconds per step), stats {"config", "init_seconds" (deepspeed.initialize),
+    "state_numel" (rank 0's Adam moments, in elements), "seconds" (the whole run, process
+    start-up included)}. `batch` is the global batch."""
+    import torch.multiprocessing as mp
+
+    from pipelib.checks import check_int
+
+    check_int(world_size, "world_size", minimum=1, context="run_deepspeed", hint="processes to spawn")
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"run_deepspeed: stage={stage!r}; DeepSpeed's ZeRO stages are 0, 1, 2 and 3")
+    if batch % world_size:
+        raise ValueError(f"run_deepspeed: batch={batch} does not divide by world_size={world_size}; "
+                         f"use a multiple of {world_size}")
+    config = deepspeed_config(stage, lr, batch // world_size, world_size=world_size, bf16=bf16)
+    job = {"model": dict(model_spec), "config": config, "steps": steps, "batch": batch, "build_shm": build_shm}
+    import torch
+
+    t0 = time.perf_counter()
+    for attempt in (1, 2):  # a free port can be taken between our probe and DeepSpeed's bind
+        with tempfile.TemporaryDirectory(prefix="pipelib-ds-") as tmp:
+            out = os.path.join(tmp, "rank0.pt")
+            try:
+                mp.spawn(_worker, args=(world_size, _free_port(), job, out), nprocs=world_size, join=True)
+                res = torch.load(out, weights_only=False)
+                break
+            except mp.ProcessRaisedException as e:
+                if attempt == 2 or "address already in use" not in str(e).lower():
+                    raise RuntimeError(f"DeepSpeed ZeRO-{stage} on {world_size} spawned processes failed; "
+                                       f"the failing rank's traceback:\n{e}") from None
+    from pipelib.results import StepResult
+
+    stats = {"config": config, "init_seconds": res["init_seconds"], "state_numel": res["state_numel"],
+             "seconds": time.perf_counter() - t0, "first_step_grads": True}
+    return StepResult(loss=res["losses"][-1], grads=res["grads"], stats=stats, times=tuple(res["times"]),
+                      losses=tuple(res["losses"]), params=res["params"])
+
+
+def config_json(stage: int = 3, **kw) -> str:
+    """`deepspeed_config` as the JSON text a reader would save as ds_config.json."""
+    return json.dumps(deepspeed_config(stage, **kw), indent=2)

@@ -1,0 +1,69 @@
+"""torch's FSDP2 (`fully_shard`) on the same model and batches as pipelib's ZeRO-3.
+
+FSDP2 (torch.distributed.fsdp, Zhao et al. 2023 for FSDP) is ZeRO-3 as torch ships it: every
+parameter becomes a DTensor sharded on dim 0 over the mesh; `fully_shard(layer)` groups a
+layer's parameters into one all-gather before its forward and backward, and one
+reduce-scatter of its gradients (averaged) after backward. Each layer of `zero_units.layer_units`
+is wrapped, then the root, as torch's documentation recommends. Gradients come back as
+DTensors: `full_tensor()` gathers them for the comparison.
+
+Collectives are gloo's (C++), not pipelib's: the step-time ratio in
+`bench/data_parallel_zero.py` compares pipelib's Python rings against them.
+
+Introduced in chapter 08.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pipelib.results import StepResult
+
+
+def fsdp_train(spec: dict, steps: int = 3, batch: int = 8, *, lr: float = 1e-3, group=None,
+               timed: bool = False) -> StepResult:
+    """Train `steps` steps with FSDP2 + torch's Adam on this rank (every rank of `group` calls
+    it); gradients of the last step and parameters after it, as full tensors."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from pipelib.data_parallel.zero_runner import zero_model, zero_loss, zero_batches
+    from pipelib.data_parallel.zero_units import layer_units
+
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu", mesh=ranks) if group is not None else \
+        DeviceMesh("cpu", ranks)
+    model = zero_model(spec)
+    for _, layer in layer_units(model):
+        if layer is not model:
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    names = [name for name, _ in model.named_parameters()]
+    losses, times, grads = [], [], {}
+    for s, (x, y) in enumerate(zero_batches(spec, steps, batch, n, r)):
+        t0 = time.perf_counter()
+        loss = zero_loss(model, x, y)
+        loss.backward()
+        if s == steps - 1 and not timed:
+            grads = {k: p.grad.full_tensor().detach().clone() for k, p in zip(names, model.parameters())}
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - t0)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=group)  # the whole batch's loss (untimed)
+        losses.append(mean.item() / n)
+    params = {k: p.full_tensor().detach().clone() for k, p in zip(names, model.parameters())}
+    return StepResult(loss=losses[-1], grads=grads, times=tuple(times), losses=tuple(losses), params=params)
+
+
+def train_fsdp(cluster, spec: dict, *, world_size: int | None = None, steps: int = 3, batch: int = 8,
+               **kw) -> list:
+    """`fsdp_train` on ranks 0..world_size-1 of `cluster`; one StepResult per rank (None outside)."""
+    from pipelib.data_parallel.zero_runner import _zero_on_rank, check_world
+
+    n = check_world(cluster, world_size, batch, "train_fsdp")
+    return cluster.run(_zero_on_rank, n, fsdp_train, (spec, steps, batch), kw)

@@ -1,0 +1,62 @@
+"""Step times of pipelib's ZeRO against torch's FSDP2 on real CPU engines, side by side.
+
+Each rank builds the same model three times: pipelib's ZeRO-3, pipelib's stage 0 (plain data
+parallelism with one all-reduce per layer: the DDP-like baseline of ZeRO-3's throughput
+penalty) and torch's FSDP2 (`fully_shard` per layer, then the root), all with torch's Adam.
+`zero_bench_step(which)` times one training step of one of them, from a barrier to the end of
+its optimizer step: the benchmark (bench/data_parallel_zero.py) alternates them step by step,
+so a change of load on a shared machine hits all three alike, and takes the slowest rank.
+
+Introduced for chapter 08's benchmark.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+_BENCH: dict = {}
+
+
+def zero_bench_setup(spec: dict, batch: int, lr: float = 1e-3, group=None) -> int:
+    """Build the three contestants on this rank; return the number of parameters."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from pipelib.data_parallel.zero import ZeRO
+    from pipelib.data_parallel.zero_runner import zero_model, zero_batches
+    from pipelib.data_parallel.zero_units import layer_units
+
+    _BENCH.clear()
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    x, y = next(zero_batches(spec, 1, batch, n, r))
+    for stage in (0, 3):
+        m = zero_model(spec)
+        _BENCH[f"zero{stage}"] = (m, ZeRO(m, group, stage=stage, lr=lr))
+    m = zero_model(spec)
+    mesh = DeviceMesh("cpu", list(range(n)))
+    for _, layer in layer_units(m):
+        if layer is not m:
+            fully_shard(layer, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    _BENCH["fsdp2"] = (m, torch.optim.Adam(m.parameters(), lr=lr))
+    _BENCH["batch"] = (x, y)
+    return sum(p.numel() for p in zero_model(spec).parameters())
+
+
+def zero_bench_step(which: str) -> float:
+    """Seconds of one training step of `which` ("zero0", "zero3" or "fsdp2") on this rank."""
+    import torch.distributed as dist
+
+    from pipelib.data_parallel.zero_runner import zero_loss
+
+    model, opt = _BENCH[which]
+    x, y = _BENCH["batch"]
+    dist.barrier()
+    t0 = time.perf_counter()
+    loss = zero_loss(opt if which.startswith("zero") else model, x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return time.perf_counter() - t0

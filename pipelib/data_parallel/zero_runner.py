@@ -1,0 +1,206 @@
+"""ZeRO training runs: the same model and batches on the engines, in one process, and in torch's
+and DeepSpeed's twins, so every result can be compared with the others.
+
+A model is described by a small dict (`zero_model`), so that engines, spawned DeepSpeed
+processes and the notebook all build the same one from the same seed:
+
+    {"kind": "mlp", "in_features": 16, "hidden": 30, "out_features": 5, "num_layers": 3}
+    {"kind": "gpt", "vocab_size": 64, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32,
+     "data": "corpus"}                    # batches from pipelib.data's char corpus (no download)
+
+`zero_batches` draws step s's global batch from a generator seeded with s; rank r of n takes
+rows [r B/n, (r+1) B/n). Each rank's loss is the mean over its rows, so the average of the
+ranks' gradients is the single process's gradient on the whole batch.
+
+`zero_train` runs on every rank of a cluster and returns a `pipelib.results.StepResult`:
+gradients of the last step (before its optimizer step) and parameters after it, gathered to
+full tensors, the measured bytes per category and the bytes sent, and the step times.
+`reference_adam` is the single process with the same Adam (and the same fp32 master weights
+in mixed precision: `pipelib.data_parallel.mixed_precision`).
+
+Introduced in chapter 08.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pipelib.results import StepResult
+
+_CORPUS = {}
+
+
+def zero_model(spec: dict) -> torch.nn.Module:
+    """pipelib's MLP or GPT from a spec dict (keys of MLPConfig / GPTConfig, "kind", "seed")."""
+    from pipelib.model import GPT, MLP, GPTConfig, MLPConfig
+
+    spec = dict(spec)
+    kind, seed = spec.pop("kind", "mlp"), spec.pop("seed", 0)
+    spec.pop("data", None)
+    if kind == "mlp":
+        return MLP(MLPConfig(**spec), seed=seed)
+    if kind == "gpt":
+        return GPT(GPTConfig(**spec), seed=seed)
+    raise ValueError(f"zero_model: kind={kind!r}; use 'mlp' or 'gpt'")
+
+
+def zero_loss(model, x, y):
+    """Mean loss of `model` on (x, y): a GPT takes token ids and returns (logits, loss)."""
+    if x.dtype == torch.long:
+        return model(x, y)[1].float()
+    return F.cross_entropy(model(x).float(), y)
+
+
+def _corpus():
+    if "c" not in _CORPUS:
+        from pipelib.data import char_corpus
+
+        _CORPUS["c"] = char_corpus()
+    return _CORPUS["c"]
+
+
+def zero_batches(spec: dict, steps: int, batch: int, world_size: int = 1, rank: int = 0, first: int = 0):
+    """Yield (x, y) of steps first..first+steps-1: rank's rows of the global batch of each step."""
+    if batch % world_size:
+        raise ValueError(f"global batch {batch} does not divide by world_size {world_size}; "
+                         f"use a multiple of {world_size}")
+    b = batch // world_size
+    for s in range(first, first + steps):
+        g = torch.Generator().manual_seed(1000 + s)
+        if spec.get("kind", "mlp") == "gpt":
+            T = spec.get("block_size")
+            if spec.get("data") == "corpus":
+                x, y = _corpus().get_batch("train", batch, T, generator=g)
+            else:
+                x = torch.randint(spec["vocab_size"], (batch, T + 1), generator=g)
+                x, y = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+        else:
+            x = torch.randn(batch, spec["in_features"], generator=g)
+            y = torch.randint(spec["out_features"], (batch,), generator=g)
+        yield x[rank * b:(rank + 1) * b], y[rank * b:(rank + 1) * b]
+
+
+def reference_adam(spec: dict, steps: int, batch: int, *, lr: float = 1e-3, mixed_precision: bool = False,
+                   param_dtype=torch.bfloat16) -> StepResult:
+    """One process, the whole batch, torch's Adam: the result every ZeRO run must equal."""
+    from pipelib.data_parallel.mixed_precision import MasterWeightAdam
+
+    model = zero_model(spec)
+    opt = MasterWeightAdam(model, lr=lr, param_dtype=param_dtype) if mixed_precision else \
+        torch.optim.Adam(model.parameters(), lr=lr)
+    losses, grads = [], {}
+    for x, y in zero_batches(spec, steps, batch):
+        if mixed_precision and x.is_floating_point():
+            x = x.to(param_dtype)
+        opt.zero_grad()
+        loss = zero_loss(model, x, y)
+        loss.backward()
+        grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
+        opt.step()
+        losses.append(loss.item())
+    params = opt.master_parameters() if mixed_precision else \
+        {n: p.detach().clone() for n, p in model.named_parameters()}
+    return StepResult(loss=losses[-1], grads=grads, losses=tuple(losses), params=params)
+
+
+def zero_train(spec: dict, stage: int, steps: int = 3, batch: int = 8, *, lr: float = 1e-3,
+               mixed_precision: bool = False, group=None, timed: bool = True) -> StepResult:
+    """Train `steps` ZeRO steps on this rank (call on every rank of `group`).
+
+    Forward, backward and the optimizer step are compute ops of the device (modelled on a
+    simulated one; collectives inside them advance the clock as well). `losses`: the whole
+    batch's loss per step (the ranks' means averaged, with an untraced gloo all-reduce). stats: "memory" measured
+    after the last step (persistent state), "tracker" (the device's memory tracker then, by
+    category), "peak" (the tracker's), "bytes_sent" per step
+    (this rank's payload bytes, from the p2p counters), "psi", "padded", "units"."""
+    import torch.distributed as dist
+
+    from pipelib.comm import p2p
+    from pipelib.data_parallel.zero import ZeRO
+    from pipelib.runtime.device import current
+
+    dev = current()
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    model = zero_model(spec)
+    zero = ZeRO(model, group, stage=stage, lr=lr, mixed_precision=mixed_precision)
+    dev.reset()
+    losses, times, sent = [], [], []
+    grads = {}
+    for x, y in zero_batches(spec, steps, batch, n, r):
+        p2p.reset_counters()
+        t0 = dev.clock.now()
+        with dev.compute("forward"):
+            loss = zero_loss(zero, x, y)
+        with dev.compute("backward"):
+            loss.backward()
+        grads_now = None
+        if len(losses) == steps - 1:
+            grads_now = zero.full_gradients()
+        with dev.compute("optimizer", duration=0.0 if dev.modelled else None):
+            zero.step()
+            zero.zero_grad()
+        times.append(dev.clock.now() - t0)
+        sent.append(p2p.counters()["bytes_sent"])
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=group)  # raw gloo, untraced: the whole batch's loss, for curves
+        losses.append(mean.item() / n)
+        grads = grads_now or grads
+    stats = {"memory": zero.memory(), "tracker": dict(dev.memory.bytes), "peak": dev.memory.peak,
+             "bytes_sent": tuple(sent),
+             "psi": sum(u.numel for u in zero.units), "padded": sum(u.padded for u in zero.units),
+             "units": len(zero.units), "world_size": n, "stage": stage, "mixed_precision": mixed_precision}
+    return StepResult(loss=losses[-1], grads=grads, stats=stats, times=tuple(times), losses=tuple(losses),
+                      params=zero.full_parameters())
+
+
+_GROUPS: dict = {}
+
+
+def _dp_group(world_size: int):
+    """The group of ranks 0..world_size-1 (None: the whole world), made once per engine. Every
+    rank calls this (dist.new_group is collective), in the same order."""
+    import torch.distributed as dist
+
+    if world_size == dist.get_world_size():
+        return None
+    if world_size not in _GROUPS:
+        _GROUPS[world_size] = dist.new_group(list(range(world_size)))
+    return _GROUPS[world_size]
+
+
+def _zero_on_rank(world_size, fn, args, kw):
+    import torch.distributed as dist
+
+    group = _dp_group(world_size)
+    if dist.get_rank() >= world_size:
+        return None
+    return fn(*args, group=group, **kw)
+
+
+def check_world(cluster, world_size, batch: int, context: str) -> int:
+    """The data-parallel size to use: checked against the cluster and the batch, in the kernel,
+    before any engine work."""
+    from pipelib.checks import check_int
+
+    n = cluster.world_size if world_size is None else world_size
+    check_int(n, "world_size", minimum=1, context=context, hint="ranks of the data-parallel group")
+    if n > cluster.world_size:
+        raise ValueError(f"{context}: world_size={n} is larger than the cluster, which has "
+                         f"{cluster.world_size} ranks; use world_size <= {cluster.world_size} or start "
+                         f"Cluster(world_size={n})")
+    if batch % n:
+        raise ValueError(f"{context}: the global batch {batch} does not divide by world_size={n}; "
+                         f"use a multiple of {n}")
+    return n
+
+
+def train_zero(cluster, spec: dict, stage: int, *, world_size: int | None = None, steps: int = 3,
+               batch: int = 8, **kw) -> list:
+    """Run `zero_train` on ranks 0..world_size-1 of `cluster` (default: all of them); one
+    StepResult per rank, None for ranks outside the group. Bad arguments raise here, before
+    any engine works."""
+    from pipelib.data_parallel.zero_formulas import check_stage
+
+    check_stage(stage, "train_zero")
+    n = check_world(cluster, world_size, batch, "train_zero")
+    return cluster.run(_zero_on_rank, n, zero_train, (spec, stage, steps, batch), kw)

@@ -1,0 +1,160 @@
+"""ZeRO stages 0-3 on the cluster: equal to one process, bytes measured against the formulas.
+
+Simulated devices, virtual clock. The MLP below has 193 parameters (odd: no world size divides
+it; its layers hold 63, 90 and 40), so the padding of every layer is exercised. After 3 Adam
+steps every stage leaves the parameters of one process training on the whole batch, on 2 and 4
+ranks; each rank's measured bytes of parameters, gradients and optimizer state equal
+`zero_state_bytes` of the padded count exactly; the bytes each rank sends per step, counted
+from the trace, are 2 psi (N-1)/N (stages 0-2) and 3 psi (N-1)/N (stage 3) of the padded count.
+"""
+import pytest
+import torch
+
+from pipelib.data_parallel.zero_formulas import padded_numel, zero_comm_bytes, zero_state_bytes
+from pipelib.data_parallel.zero_runner import reference_adam, train_zero
+from pipelib.results import check_against_reference
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # the single-process references share 2 cores
+
+ODD = dict(kind="mlp", in_features=6, hidden=9, out_features=4, num_layers=3)  # 193 parameters
+GPT = dict(kind="gpt", vocab_size=29, block_size=8, n_layer=2, n_head=2, n_embd=12)
+TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_stage_equals_one_process(cluster4, n, stage):
+    ref = reference_adam(ODD, 3, 8)
+    psi = sum(p.numel() for p in ref.params.values())
+    assert psi == 193 and psi % n
+    res = train_zero(cluster4, ODD, stage, world_size=n, steps=3, batch=8)
+    assert res[n:] == [None] * (4 - n)
+    agreed = check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
+    assert agreed.num_tensors == 2 * len(ref.params)
+    mean = [sum(r.losses[s] for r in res[:n]) / n for s in range(3)]  # each rank: its rows' mean
+    assert mean == pytest.approx(ref.losses, rel=1e-5)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("stage", [1, 3])
+def test_gpt_with_tied_weights_and_mixed_precision(cluster4, stage):
+    ref = reference_adam(GPT, 3, 8)
+    res = train_zero(cluster4, GPT, stage, world_size=4, steps=3, batch=8)
+    check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
+    # the head reuses the embedding's weight: stage 3 gathers that layer once more in forward
+    emb_shard = (29 * 12 + 8 * 12) // 4
+    extra = 3 * emb_shard * 4 if stage == 3 else 0
+    assert res[0].stats["bytes_sent"][0] == zero_comm_bytes(res[0].stats["padded"], 4, stage, False) + extra
+    # bf16 parameters and gradients, fp32 master weights: against one process doing the same
+    ref16 = reference_adam(GPT, 3, 8, mixed_precision=True)
+    res16 = train_zero(cluster4, GPT, stage, world_size=4, steps=3, batch=8, mixed_precision=True)
+    check_against_reference(res16, ref_params=ref16.params, shared=True, rtol=0, atol=2e-3)
+    assert sum(r.losses[-1] for r in res16) / 4 == pytest.approx(ref16.losses[-1], abs=2e-2)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_bytes_equal_the_formulas(cluster4, n, mixed):
+    sizes = [63, 90, 40]
+    padded = padded_numel(sizes, n)
+    for stage in range(4):
+        cluster4.reset()
+        res = train_zero(cluster4, ODD, stage, world_size=n, steps=2, batch=8, mixed_precision=mixed)
+        trace = cluster4.trace()
+        want = zero_state_bytes(padded, n, stage, mixed, num_tensors=len(sizes))
+        for r in range(n):
+            s = res[r].stats
+            assert s["padded"] == padded and s["psi"] == 193
+            got = s["memory"]
+            assert (got["parameters"], got["gradients"], got["optimizer"]) == \
+                (want.params, want.grads, want.optimizer), (stage, r, got, want)
+            tracked = s["tracker"]  # the device's memory tracker holds the same bytes
+            assert (tracked["parameters"], tracked["gradients"], tracked["optimizer"]) == \
+                (want.params, want.grads, want.optimizer)
+            per_step = zero_comm_bytes(padded, n, stage, mixed)
+            assert trace.bytes_sent(r) == 2 * per_step, (stage, r)   # counted from the trace
+            assert s["bytes_sent"] == (per_step, per_step)          # and from the counters
+        assert all(trace.bytes_sent(r) == 0 for r in range(n, 4))
+
+
+@pytest.mark.cluster
+def test_stage3_holds_one_layer_at_a_time(cluster4):
+    """The peak of ZeRO-3 is its shards plus the largest gathered layer(s), far below stage 0."""
+    res0 = train_zero(cluster4, GPT, 0, world_size=4, steps=1, batch=8)
+    res3 = train_zero(cluster4, GPT, 3, world_size=4, steps=1, batch=8)
+    m0, m3 = res0[0].stats["memory"], res3[0].stats["memory"]
+    assert m3["parameters"] * 4 <= m0["parameters"] + 4 * 4 * 4  # a quarter, plus padding
+    assert res3[0].stats["peak"] < res0[0].stats["peak"]
+
+
+def test_bad_input_is_refused_before_any_engine_work():
+    class NoCluster:  # any engine work would fail: run() is never reached
+        world_size = 4
+
+        def run(self, *a, **k):
+            raise AssertionError("engine work started")
+
+    with pytest.raises(ValueError, match="stage=4 is not a ZeRO stage; use 0"):
+        train_zero(NoCluster(), ODD, 4)
+    with pytest.raises(ValueError, match="stage=-1"):
+        train_zero(NoCluster(), ODD, -1)
+    with pytest.raises(ValueError, match="world_size=8 is larger than the cluster, which has 4 ranks"):
+        train_zero(NoCluster(), ODD, 1, world_size=8)
+    with pytest.raises(ValueError, match="global batch 6 does not divide by world_size=4"):
+        train_zero(NoCluster(), ODD, 1, batch=6)
+
+
+def _wrap_different_models(stage):
+    import torch.distributed as dist
+
+    from pipelib.data_parallel.zero import ZeRO
+    from pipelib.data_parallel.zero_runner import zero_model
+
+    model = zero_model({**ODD, "seed": 1 if dist.get_rank() == 2 else 0})
+    ZeRO(model, None, stage=stage)
+
+
+@pytest.mark.cluster
+def test_replicas_that_differ_are_named(cluster4):
+    from pipelib.runtime.errors import RankError
+
+    with pytest.raises(RankError, match=r"layers.0.0.weight.*differs.*rank\(s\) \[2\]"):
+        cluster4.run(_wrap_different_models, 3)
+    assert cluster4.run(lambda: 1) == [1] * 4  # still usable
+
+
+def test_bad_stage_or_dtype_is_refused_before_any_communication():
+    from pipelib.data_parallel.zero import ZeRO
+    from pipelib.data_parallel.zero_runner import zero_model
+
+    model = zero_model(ODD)  # no process group exists in this process: any collective would fail
+    with pytest.raises(ValueError, match="stage=7 is not a ZeRO stage"):
+        ZeRO(model, None, stage=7)
+    with pytest.raises(ValueError, match="param_dtype=torch.float64; mixed precision here keeps bf16"):
+        ZeRO(model, None, stage=1, mixed_precision=True, param_dtype=torch.float64)
+
+
+def _accumulate(stage, group=None):
+    """Two half batches, backward twice, one step: the same as one step on the whole batch."""
+    import torch.distributed as dist
+
+    from pipelib.data_parallel.zero import ZeRO
+    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+
+    zero = ZeRO(zero_model(ODD), group, stage=stage)
+    x, y = next(zero_batches(ODD, 1, 8, dist.get_world_size(), dist.get_rank()))
+    for half in (slice(0, 1), slice(1, 2)):
+        (zero_loss(zero, x[half], y[half]) / 2).backward()
+    zero.step()
+    return zero.full_parameters()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("stage", [1, 3])
+def test_gradient_accumulation(cluster4, stage):
+    ref = reference_adam(ODD, 1, 8)
+    for params in cluster4.run(_accumulate, stage):
+        for k, v in ref.params.items():
+            torch.testing.assert_close(params[k], v, **TOL)

@@ -1,0 +1,51 @@
+"""ZeRO's formulas (pure): the paper's numbers, seed 003's milestone, padding, errors, figures."""
+import pytest
+
+from pipelib.data_parallel.zero_formulas import (check_stage, milestone_table, padded_numel,
+                                                 zero_comm_bytes, zero_state_bytes)
+
+
+def test_the_papers_table_and_seed_003s_milestone():
+    gb = milestone_table(7_500_000_000, 64)  # ZeRO paper, Figure 1: 120 / 31.4 / 16.6 / 1.9 GB
+    assert [round(gb[s], 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9]
+    gb = milestone_table(100_000_000, 2)     # seed 003: 1.6 / 0.9 (ZeRO-2) / 0.8 (ZeRO-3) GB
+    assert [round(gb[s], 2) for s in range(4)] == [1.6, 1.0, 0.9, 0.8]
+    big = milestone_table(10_000_000_000, 8)
+    assert round(big[0]) == 160 and round(big[3]) == 20
+
+
+@pytest.mark.parametrize("mixed,p,g,k", [(True, 2, 2, 12), (False, 4, 4, 8)])
+def test_bytes_per_stage(mixed, p, g, k):
+    psi, n = 1200, 4
+    assert zero_state_bytes(psi, n, 0, mixed).total == 16 * psi
+    s1, s2, s3 = (zero_state_bytes(psi, n, s, mixed) for s in (1, 2, 3))
+    assert (s1.params, s1.grads, s1.optimizer) == (p * psi, g * psi, k * psi // n)
+    assert (s2.params, s2.grads, s2.optimizer) == (p * psi, g * psi // n, k * psi // n)
+    assert s3.total == 16 * psi // n
+    assert zero_state_bytes(psi, n, 1, mixed, num_tensors=3).optimizer == k * psi // n + 12
+
+
+def test_padding_and_communication():
+    assert padded_numel([63, 90, 40], 4) == 64 + 92 + 40
+    assert padded_numel([63, 90, 40], 1) == 193
+    assert zero_comm_bytes(196, 4, 2, mixed_precision=False) == 2 * 3 * 196 * 4 // 4
+    assert zero_comm_bytes(196, 4, 3, mixed_precision=False) == 3 * 3 * 196 * 4 // 4
+    assert zero_comm_bytes(196, 1, 3) == 0
+
+
+@pytest.mark.parametrize("bad", [4, -1, 1.5, "3", True, None])
+def test_stage_outside_0_to_3_is_refused(bad):
+    with pytest.raises(ValueError, match="is not a ZeRO stage; use 0 .* 3 \\(and parameters\\)"):
+        check_stage(bad)
+
+
+def test_memory_figure_stacks_measured_beside_formula():
+    from pipelib.viz.zero import loss_curves_figure, milestone_figure, zero_memory_figure
+
+    rows = [{"stage": s, "measured": {"parameters": 10, "gradients": 20, "optimizer": 30},
+             "formula": {"parameters": 10, "gradients": 20, "optimizer": 30}} for s in range(4)]
+    fig = zero_memory_figure(rows, capacity=50)
+    assert [t.name for t in fig.data] == ["parameters", "gradients", "optimizer"]
+    assert len(fig.data[0].y) == 8 and fig.layout.barmode == "stack"
+    assert len(milestone_figure(1e9, [1, 2], {0: [16, 16], 3: [16, 8]}).data) == 2
+    assert len(loss_curves_figure({"a": [3, 2, 1]}).data) == 1
