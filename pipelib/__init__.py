@@ -1,8 +1,11 @@
 """pipelib: the small library behind the executable book on distributed training.
 
 One subpackage per part of the book: `runtime` (the cluster, devices), `comm` (messages and
-collectives), `pipeline` (schedules to steps), `hardware` (the machine measured), `viz`
-(figures); the single-process models and the pure models of cost and memory sit at the top.
+collectives), `data_parallel` (DDP, ZeRO, chapters 07-08), `tensor_parallel` (Megatron's split
+and sequence parallelism, chapter 09), `pipeline` (schedules to steps, chapters 10-13),
+`recompute` (activation recomputation, chapter 14), `context_parallel` (ring attention,
+chapter 17), `hardware` (the machine measured), `viz` (figures); the single-process models and
+the pure models of cost and memory sit at the top.
 Two layers (DESIGN.md section 2): the pure layer (schedules, simulate, memory, costmodel,
 trace, alphabeta, viz) starts no process and never imports torch.distributed; the runtime
 layer uses torch and process groups.
