@@ -21,6 +21,7 @@ PURE = [
     "pipelib.context_parallel.costs", "pipelib.viz.ring",
     "pipelib.tensor_parallel.plan", "pipelib.tensor_parallel.formulas", "pipelib.viz.tensor_parallel",
     "pipelib.data_parallel.zero_formulas", "pipelib.viz.zero",
+    "pipelib.data_parallel.buckets", "pipelib.data_parallel.efficiency", "pipelib.viz.ddp",
 ]
 # Not even torch itself: the schedules, their simulation and the formulas.
 NO_TORCH = {"pipelib.checks", "pipelib.trace", "pipelib.costmodel", "pipelib.memory",
@@ -29,7 +30,8 @@ NO_TORCH = {"pipelib.checks", "pipelib.trace", "pipelib.costmodel", "pipelib.mem
             "pipelib.recompute.formulas", "pipelib.viz.recompute",
             "pipelib.context_parallel.costs", "pipelib.tensor_parallel.plan",
             "pipelib.tensor_parallel.formulas", "pipelib.viz.tensor_parallel",
-            "pipelib.data_parallel.zero_formulas", "pipelib.viz.zero"}
+            "pipelib.data_parallel.zero_formulas", "pipelib.viz.zero",
+            "pipelib.data_parallel.buckets", "pipelib.data_parallel.efficiency", "pipelib.viz.ddp"}
 
 # Run in a fresh interpreter: import each module and report what it pulled in.
 PROBE = r"""

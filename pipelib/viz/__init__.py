@@ -7,6 +7,9 @@
   by step from their messages (chapters 05 and 06);
 - `recompute`: `recompute_memory_figure`, `tradeoff_figure`: memory over the compute done, per
   recomputation policy, and peak memory against extra compute (chapter 14);
+- `ddp`: `bucket_sweep_figure`, `efficiency_figure`, `ranks_figure`, `ddp_timelines_figure`:
+  step time against bucket size, communication efficiency against model size, 2 ranks against
+  1, a DDP step's compute and communication lanes (chapter 07);
 - `zero`: `zero_memory_figure`, `milestone_figure`, `loss_curves_figure`: bytes per rank of
   each ZeRO stage measured beside the formula, the per-GPU memory of each stage as the world
   grows, training losses side by side (chapter 08);
@@ -46,6 +49,10 @@ API: dict[str, str] = {
     "size_sweep_bandwidth_figure": "comm",
     "recompute_memory_figure": "recompute",
     "tradeoff_figure": "recompute",
+    "bucket_sweep_figure": "ddp",
+    "efficiency_figure": "ddp",
+    "ranks_figure": "ddp",
+    "ddp_timelines_figure": "ddp",
     "zero_memory_figure": "zero",
     "milestone_figure": "zero",
     "loss_curves_figure": "zero",

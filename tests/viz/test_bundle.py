@@ -41,6 +41,17 @@ def _ring(n=4):
 SIZES = np.array([2**10, 2**14, 2**18, 2**22])  # numpy, as measured sweeps hand them over
 TIMES = np.array([3e-5, 8e-5, 9e-4, 1.2e-2])
 
+def _ddp(overlap: bool, n=2):
+    """A DDP step as chapter 07 records it: F, B, all-reduces on the comm lane, the wait."""
+    evs = []
+    for r in range(n):
+        evs += [Event(r, Kind.COMPUTE, "F", 0, 1e-3), Event(r, Kind.COMPUTE, "B", 1e-3, 3e-3),
+                Event(r, Kind.COLLECTIVE, "all_reduce", 2e-3 if overlap else 3e-3, 4e-3 if overlap else 5e-3, bytes=64),
+                Event(r, Kind.RECV_WAIT, "wait all-reduce", 3e-3, 4e-3 if overlap else 5e-3),
+                Event(r, Kind.RECV_WAIT, "all_reduce step 0", 3e-3, 3.5e-3)]
+    return Trace(evs, n)
+
+
 SAMPLES = {
     "roofline_figure": lambda: viz.roofline_figure(
         [Roofline("cpu", 1e11, 2e10)], [MeasuredOp("matmul", 2e9, 3e7, 0.05)]),
@@ -62,6 +73,14 @@ SAMPLES = {
     "recompute_memory_figure": lambda: viz.recompute_memory_figure(
         {"none": [(0, 0, "forward"), (10, 5, "forward"), (30, 0, "backward")]}),
     "tradeoff_figure": lambda: viz.tradeoff_figure([{"label": "full", "extra": 0.3, "peak": 2**20, "predicted": 2**20}]),
+    "bucket_sweep_figure": lambda: viz.bucket_sweep_figure(
+        [{"bucket_bytes": b, "buckets": 4 - i, "after": t, "overlap": 0.8 * t, "model": t} for i, (b, t) in
+         enumerate(zip(SIZES, TIMES))], {"after": "after backward", "overlap": "overlapped"}, predicted={"model": "model"}),
+    "efficiency_figure": lambda: viz.efficiency_figure({"PCIe": (SIZES, np.array([0.1, 0.4, 0.6, 0.7]))},
+                                                       {"PCIe": (SIZES, np.array([0.1, 0.4, 0.6, 0.7]))},
+                                                       bands={"seed": (0.7, 0.8)}),
+    "ranks_figure": lambda: viz.ranks_figure(SIZES, {"PCIe": np.array([3.0, 1.5, 0.9, 0.7])}, crossover=2**18),
+    "ddp_timelines_figure": lambda: viz.ddp_timelines_figure({"after": _ddp(False), "overlapped": _ddp(True)}),
     "zero_memory_figure": lambda: viz.zero_memory_figure(
         [{"stage": s, "measured": {"parameters": 4e6 / d, "gradients": 4e6 / d, "optimizer": 8e6 / d},
           "formula": {"parameters": 4e6 / d, "gradients": 4e6 / d, "optimizer": 8e6 / d}} for s, d in ((0, 1), (3, 2))],

@@ -1,0 +1,80 @@
+"""Gradient buckets: which parameters' gradients travel together in one all-reduce.
+
+One all-reduce per parameter pays the link's latency once per tensor (2(N-1) alpha each, on a
+ring of N ranks): a GPT with 50 small tensors pays it 50 times. DDP therefore flattens the
+gradients into *buckets* of about `bucket_bytes` and all-reduces each bucket once (Li et al.
+2020, "PyTorch Distributed", section 3.2.3; torch's default is 25 MiB). Parameters are bucketed
+in *reverse* order of registration, which is about the order backward produces their gradients,
+so the first bucket is full first and its all-reduce can start while backward goes on (step 3
+of chapter 07). A parameter larger than `bucket_bytes` gets a bucket of its own; a bucket is
+never empty.
+
+Pure: imports nothing but the standard library and `pipelib.checks`, so a figure can plan
+buckets without torch (a test checks).
+
+Introduced in chapter 07.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipelib.checks import check_int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One bucket: its parameters (names, in the order they are flattened) and their sizes."""
+
+    index: int
+    names: tuple[str, ...]
+    numels: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(self.numels)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Where each parameter's gradient starts in the flat bucket."""
+        out, o = [], 0
+        for k in self.numels:
+            out.append(o)
+            o += k
+        return tuple(out)
+
+
+def check_bucket_bytes(bucket_bytes, context: str = "DDP") -> int:
+    """`bucket_bytes` if it is an int >= 1, else a ValueError saying what the number means."""
+    return check_int(bucket_bytes, "bucket_bytes", context=context,
+                     hint="bytes of gradients per all-reduce; torch's DDP uses 25 MiB = 26214400")
+
+
+def plan_buckets(sizes, bucket_bytes: int, itemsize: int = 4) -> list[Bucket]:
+    """Buckets for parameters `sizes` = [(name, numel), ...] given in registration order.
+
+    Walks them in reverse (backward's order) and closes a bucket as soon as it holds at least
+    `bucket_bytes` (so a bucket may pass the limit by its last parameter, as torch's does)."""
+    check_bucket_bytes(bucket_bytes)
+    check_int(itemsize, "itemsize", context="plan_buckets", hint="bytes per gradient element")
+    buckets, names, numels, nbytes = [], [], [], 0
+    for name, numel in reversed(list(sizes)):
+        names.append(name)
+        numels.append(numel)
+        nbytes += numel * itemsize
+        if nbytes >= bucket_bytes:
+            buckets.append(Bucket(len(buckets), tuple(names), tuple(numels)))
+            names, numels, nbytes = [], [], 0
+    if names:
+        buckets.append(Bucket(len(buckets), tuple(names), tuple(numels)))
+    return buckets
+
+
+def ring_bytes_per_rank(numel: int, n: int, itemsize: int = 4, rank: int = 0) -> int:
+    """Bytes group rank `rank` sends in the ring all-reduce of `numel` elements on n ranks:
+    2 numel - |chunk rank| - |chunk rank+1| elements (chunks as `torch.tensor_split` cuts
+    them), which is 2 (n-1)/n numel when n divides numel. 0 on one rank."""
+    if n == 1:
+        return 0
+    q, r = divmod(numel, n)
+    chunk = [q + 1 if i < r else q for i in range(n)]
+    return itemsize * (2 * numel - chunk[rank % n] - chunk[(rank + 1) % n])

@@ -1,0 +1,144 @@
+"""The DDP step on paper: compute from FLOPs, all-reduces from the alpha-beta link model.
+
+Seed 003's milestone asks how much data parallelism's communication adds to a step, and when
+two GPUs are slower than one. On one rank of N, for a model of psi parameters (4-byte
+gradients) and T tokens per rank per step on a device of F FLOP/s with a link (alpha, beta):
+
+    compute  = train FLOPs / F               (~ 6 psi T / F: forward 2, backward 4)
+    comm     = sum over buckets of 2(N-1) alpha + 2(N-1)/N bytes / beta     (ring all-reduce)
+    efficiency = compute / (compute + comm)    (seed 003's "communication efficiency")
+    overhead   = comm / compute                (what communication adds to the step, unhidden)
+
+The bandwidth term of comm / compute is (2(N-1)/N 4 psi / beta) / (6 psi T / F): psi cancels.
+What DDP's overhead depends on is *tokens per rank per step* (T) against the device's FLOPs per
+link byte (`DeviceProfile.flops_per_link_byte`); the model's size enters through the latency
+(2(N-1) alpha per bucket, which small models cannot amortise) and the FLOPs that do not scale
+with psi (attention, the head). Gradient accumulation (`DDP.no_sync`) multiplies T.
+
+`ddp_step_model` predicts each part of a simulated step exactly as the cluster times it
+(`pipelib.data_parallel.runner`), so chapter 07 checks the prediction against the virtual
+clock and then uses the same formulas at sizes a laptop cannot run. `scaled_profile` gives a
+device whose step on B sequences lasts what the original's lasts on `factor` x B: a tiny model
+on a laptop, timed like a real batch on a real GPU (FLOPs scale with the batch exactly).
+
+Pure: imports no torch (a test checks). Introduced in chapter 07.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pipelib.comm.alphabeta import predicted_time
+from pipelib.costmodel import LINKS, DeviceProfile, get_profile
+from pipelib.data_parallel.buckets import plan_buckets
+from pipelib.memory import gpt_param_shapes, gpt_train_flops
+
+OPTIMIZER_BYTES = 28  # Adam reads p, g, m, v and writes p, m, v: 7 fp32 tensors per parameter
+
+
+def scaled_profile(profile, factor: float = 1.0, link: str | None = None) -> DeviceProfile:
+    """`profile` computing `factor` times fewer FLOP/s, on `link` (a name in
+    `pipelib.costmodel.LINKS`) if given: forward and backward on B sequences then last what the
+    original device takes on factor x B sequences (their FLOPs scale with B exactly). Memory
+    bandwidth is kept: the optimizer's traffic does not grow with the batch."""
+    p = get_profile(profile)
+    if not factor > 0:
+        raise ValueError(f"scaled_profile: factor={factor!r}; pass a positive number "
+                         f"(the batch it stands for / the batch run)")
+    if link is not None and link not in LINKS:
+        raise ValueError(f"scaled_profile: unknown link {link!r}; use one of {sorted(LINKS)}")
+    name = p.name + (f" x{factor:g} batch" if factor != 1 else "") + (f" over {link}" if link else "")
+    return replace(p, name=name, flops=p.flops / factor, link=LINKS[link] if link else p.link)
+
+
+def all_reduce_time(numels, n: int, profile, itemsize: int = 4) -> float:
+    """Seconds of one ring all-reduce per entry of `numels` (elements), one after the other."""
+    link = get_profile(profile).link
+    return sum(predicted_time("all_reduce", k * itemsize, n, link.alpha, link.beta) for k in numels)
+
+
+@dataclass(frozen=True)
+class DDPStep:
+    """One rank's DDP step, in seconds, without overlap (steps 1 and 2 of chapter 07)."""
+
+    forward: float
+    backward: float
+    optimizer: float
+    comm: float
+
+    @property
+    def compute(self) -> float:
+        return self.forward + self.backward
+
+    @property
+    def step(self) -> float:
+        return self.forward + self.backward + self.comm + self.optimizer
+
+    @property
+    def efficiency(self) -> float:
+        """compute / (compute + comm): seed 003's communication efficiency."""
+        return self.compute / (self.compute + self.comm)
+
+    @property
+    def overhead(self) -> float:
+        """comm / compute: the share communication adds to the compute of a step."""
+        return self.comm / self.compute
+
+
+def ddp_step_model(cfg, batch: int, n: int, profile, *, bucket_bytes: int | None = 25 << 20) -> DDPStep:
+    """The simulated DDP step of the GPT `cfg` with `batch` sequences of cfg.block_size tokens
+    on each of n ranks: compute from `pipelib.memory.gpt_train_flops`, one ring all-reduce per
+    bucket of `bucket_bytes` (None: per tensor, step 1), Adam's memory traffic."""
+    p = get_profile(profile)
+    shapes = gpt_param_shapes(cfg)
+    numels = [_prod(s) for s in shapes.values()]
+    psi = sum(numels)
+    fwd = gpt_train_flops(cfg, batch, cfg.block_size) / 3
+    if bucket_bytes is not None:
+        numels = [b.numel for b in plan_buckets(list(zip(shapes, numels)), bucket_bytes)]
+    comm = all_reduce_time(numels, n, p) if n > 1 else 0.0
+    return DDPStep(p.compute_time(fwd), p.compute_time(2 * fwd), p.compute_time(0, OPTIMIZER_BYTES * psi), comm)
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def two_ranks_slower(cfg, batch: int, profile, *, bucket_bytes: int | None = 25 << 20) -> bool:
+    """With a global batch of `batch` sequences: is one DDP step on 2 ranks (batch / 2 each,
+    plus the all-reduce) slower than the whole batch on 1 rank? (strong scaling, no overlap)"""
+    return (ddp_step_model(cfg, batch // 2, 2, profile, bucket_bytes=bucket_bytes).step
+            > ddp_step_model(cfg, batch, 1, profile, bucket_bytes=bucket_bytes).step)
+
+
+def crossover_params(tokens: int, profile, n: int = 2, buckets: int = 1, itemsize: int = 4) -> float:
+    """Closed form: the parameter count below which n ranks (tokens / n each, then one ring
+    all-reduce in `buckets` buckets) take longer than one rank on all `tokens`, with compute
+    6 psi T / F. n ranks save 6 psi T (1 - 1/n) / F of compute and pay
+    buckets 2(n-1) alpha + 2 (n-1)/n itemsize psi / beta: equal at
+    psi* = buckets 2(n-1) alpha / (6 T (1 - 1/n) / F - 2 (n-1)/n itemsize / beta).
+    Infinite when the link's bandwidth alone costs more than the compute saved (then n ranks
+    lose at every size, without overlap)."""
+    p = get_profile(profile)
+    saved = 6 * tokens * (1 - 1 / n) / p.flops - 2 * (n - 1) / n * itemsize / p.link.beta
+    return buckets * 2 * (n - 1) * p.link.alpha / saved if saved > 0 else float("inf")
+
+
+def step_parts(trace, rank: int = 0) -> dict:
+    """Seconds of each part of the measured step(s) on `rank`, summed from its events (a
+    `pipelib.trace.Trace`): forward "F", backward "B", "optimizer", all-reduce (COLLECTIVE
+    events, on the communication lane) and exposed communication (RECV_WAIT "wait all-reduce":
+    the compute lane idle, waiting for an all-reduce)."""
+    out = dict.fromkeys(("forward", "backward", "optimizer", "comm", "exposed"), 0.0)
+    key = {("compute", "F"): "forward", ("compute", "B"): "backward", ("compute", "optimizer"): "optimizer",
+           ("recv-wait", "wait all-reduce"): "exposed"}
+    for e in trace.events:
+        if e.rank != rank:
+            continue
+        kind = getattr(e.kind, "value", e.kind)
+        part = "comm" if kind == "collective" else key.get((kind, e.label))
+        if part:
+            out[part] += e.end - e.start
+    return out
