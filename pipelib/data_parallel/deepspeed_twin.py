@@ -13,8 +13,8 @@ Two things DeepSpeed compiles on first use, and how this twin avoids both:
 - the shared-memory all-reduce `deepspeed_shm_comm` (about 28 s), built when the communication
   backend starts. It serves only `inference_all_reduce`, which training never calls, so the
   twin marks it unavailable (`deepspeed.ops.__compatible_ops__`) before `deepspeed.initialize`:
-  nothing is compiled and no timed figure ever includes a build (chapter 08 measures the
-  difference with ``build_shm=True``).
+  nothing is compiled and no timed figure ever includes a build (``build_shm=True`` lets it
+  build, to measure the difference).
 
 Every rank trains `steps` steps on its slice of the same batches as pipelib's ZeRO and the
 single process (`zero_batches`); rank 0 writes the gradients of the first step and the

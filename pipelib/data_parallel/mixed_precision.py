@@ -1,11 +1,12 @@
 """Mixed-precision Adam in one process: 16-bit parameters and gradients, fp32 master weights.
 
 Micikevicius et al. 2018: the forward and backward run in 16-bit, but small updates vanish when
-added to 16-bit weights (bf16 keeps 8 bits of mantissa: 1 + 2^-9 rounds to 1), so the optimizer
+added to 16-bit weights (bf16 keeps 8 significant bits: 1 + 2^-9 rounds to 1), so the optimizer
 keeps an fp32 copy of every parameter, adds the update there and copies the result back to
 16-bit. Per parameter: 2 (16-bit weight) + 2 (16-bit gradient) + 4 (fp32 master) + 4 + 4 (Adam's
 two moments) = 16 bytes: ZeRO's K = 12 (Rajbhandari et al. 2020). bf16 has fp32's exponent
-range, so no loss scaling is needed (fp16 would need it).
+range, so no loss scaling is needed; fp16 (5 exponent bits) flushes gradients below about 6e-8 to
+zero and needs the loss scaled up before backward and the gradients scaled down before the step.
 
 `MasterWeightAdam` is the single-process reference for `pipelib.data_parallel.zero.ZeRO` with
 ``mixed_precision=True``, which keeps only its own shard of the master weights.

@@ -108,7 +108,7 @@ def tp_milestone(n_layer: int = 12, h: int = 512, b: int = 8, s: int = 512, t: i
     """Seed 003: '12 layers, d=512, batch 8, seq 512 gives 24 communications of ~4 MB, ~96 MB per
     forward, about 6% of a 50 ms forward over PCIe'. It holds for 16-bit activations (width 2)
     on t = 2 over PCIe 4.0 x16 (32 GB/s per direction, the default `beta`; `alpha` 5 us); over
-    PCIe 5 (`pipelib.costmodel.LINKS["pcie5"]`, 50 GB/s) it is 4%. A ring all-reduce of n bytes
+    PCIe 5 (`pipelib.costmodel.LINKS["pcie5"]`, 50 GB/s) it is 4.5%. A ring all-reduce of n bytes
     takes 2 (t-1) alpha + 2 (t-1)/t n / beta."""
     calls = 2 * n_layer
     tensor = b * s * h * width

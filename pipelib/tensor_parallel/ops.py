@@ -11,8 +11,10 @@ row-parallel linear:
 Sequence parallelism (Korthikanti et al. 2022, §4.2.2) splits each all-reduce in two and keeps
 the activations between them sharded along the sequence (dim 1 of (B, T, C)):
 
-- `gather_sequence` (their g-bar): all-gather along the sequence forward, reduce-scatter back;
-- `scatter_sequence` (their g): reduce-scatter along the sequence forward, all-gather back.
+- `gather_sequence` (their g, in place of Megatron's f): all-gather along the sequence forward,
+  reduce-scatter back;
+- `scatter_sequence` (their g-bar, in place of Megatron's g): reduce-scatter along the sequence
+  forward, all-gather back.
 
 Who sends what: every rank of `group` (t ranks) takes part; an all-reduce of N bytes sends
 2 (t-1)/t N per rank, a reduce-scatter or an all-gather (t-1)/t N (N the full tensor).
@@ -171,10 +173,10 @@ def reduce_from_tp(x: torch.Tensor, comm: TPComm, label: str = "g") -> torch.Ten
 
 
 def gather_sequence(x: torch.Tensor, comm: TPComm, label: str = "sp") -> torch.Tensor:
-    """Sequence parallel g-bar: all-gather (B, T/t, C) -> (B, T, C); backward, reduce-scatter."""
+    """Sequence parallel g (Korthikanti et al.): all-gather (B, T/t, C) -> (B, T, C); backward, reduce-scatter."""
     return _TPGatherSeq.apply(x, comm, label)
 
 
 def scatter_sequence(x: torch.Tensor, comm: TPComm, label: str = "sp") -> torch.Tensor:
-    """Sequence parallel g: reduce-scatter (B, T, C) -> (B, T/t, C); backward, all-gather."""
+    """Sequence parallel g-bar (Korthikanti et al.): reduce-scatter (B, T, C) -> (B, T/t, C); backward, all-gather."""
     return _TPScatterSeq.apply(x, comm, label)

@@ -53,8 +53,10 @@ def tp_collectives_figure(trace: Trace, rank: int = 0, title: str = "Every colle
                              hovertext=[f"{what or name}<br>{e.bytes} bytes"], hoverinfo="text"))
     first_back = next((i for i, e in enumerate(calls) if "backward" in e.label), None)
     if first_back is not None:
-        fig.add_vline(x=first_back - 0.5, line_dash="dash", line_color="#555",
-                      annotation_text="backward", annotation_position="top right")
+        fig.add_vline(x=first_back - 0.5, line_dash="dash", line_color="#555")
+        for text, anchor in (("\u2190 forward ", "right"), (" backward \u2192", "left")):
+            fig.add_annotation(x=first_back - 0.5, y=1.04, yref="paper", text=text, showarrow=False,
+                               xanchor=anchor, yanchor="bottom")
     fig.update_xaxes(title=f"collective call on rank {rank}, in order")
     fig.update_yaxes(title="KiB sent by this rank")
     fig.update_layout(title=title, template="plotly_white", height=380, bargap=0.15,
@@ -72,7 +74,12 @@ def tp_link_share_figure(rows: list[dict], title: str = "Share of a forward spen
                              marker_color=RANK_COLORS[i % len(RANK_COLORS)],
                              text=[f"{100 * r['share']:.3g}%" for r in sel], textposition="outside",
                              hovertext=[f"{r['ms']:.3g} ms of all-reduces" for r in sel], hoverinfo="text+y"))
-    fig.update_yaxes(type="log", title="% of the forward time (log)")
+    ticks = [v * 10 ** e for e in range(-2, 5) for v in (1, 2, 5)]
+    fig.update_yaxes(type="log", title="all-reduce time, % of the forward (log scale)",
+                     tickvals=ticks, ticktext=[f"{v:g}%" for v in ticks])
+    fig.add_hline(y=100, line_dash="dot", line_color="#555")
+    fig.add_annotation(x=0, xref="paper", xanchor="left", y=2, yanchor="bottom", showarrow=False,
+                       text="as long as the forward")  # annotations on a log axis take log10(100)
     fig.update_layout(title=title, template="plotly_white", height=400, barmode="group",
                       legend=dict(orientation="h", y=-0.2))
     return fig
@@ -89,7 +96,7 @@ def tp_memory_figure(rows: list[dict], title: str = "Activations kept for backwa
     if any(r.get("counted") is not None for r in rows):
         fig.add_trace(go.Bar(x=x, y=[(r.get("counted") or 0) / 1024 for r in rows], name="counted (formula)",
                              marker_color=RANK_COLORS[1]))
-    fig.update_yaxes(title="KiB")
+    fig.update_yaxes(title="KiB saved for backward")
     fig.update_layout(title=title, template="plotly_white", height=380, barmode="group",
                       legend=dict(orientation="h", y=-0.2))
     return fig

@@ -5,7 +5,8 @@ optimizer state *measured* on a rank (`ZeRO.memory()`), and beside each the same
 from the paper's formula (`pipelib.data_parallel.zero_formulas.zero_state_bytes`), hatched, so
 a reader sees the two agree bar by bar. An optional capacity draws the device's memory as a
 line: what does not fit is above it. `milestone_figure` draws the formulas alone for a large
-model (GB per rank against the number of ranks, one line per stage).
+model (GB per rank against the number of ranks, one line per stage, both axes logarithmic).
+`loss_curves_figure` draws loss curves in distinct line styles, so curves that coincide stay visible.
 
 Pure layer: plotly only; rows are plain dicts.
 
@@ -53,18 +54,25 @@ def milestone_figure(psi: float, worlds: list[int], table: dict, unit: str = "GB
     """table: {stage: [bytes per rank / unit for each world size]} -> one line per stage."""
     fig = go.Figure()
     for s, ys in table.items():
-        fig.add_scatter(x=worlds, y=ys, mode="lines+markers", name=STAGE_NAMES.get(s, str(s)))
-    fig.update_layout(title=title or f"Model states per rank, {psi:.3g} parameters, mixed-precision Adam",
-                      xaxis_title="data-parallel ranks N", yaxis_title=f"{unit} per rank",
+        fig.add_scatter(x=worlds, y=ys, mode="lines+markers", name=STAGE_NAMES.get(s, str(s)),
+                        hovertemplate=f"N = %{{x}}: %{{y:.3g}} {unit}<extra></extra>")
+    size = next((f"{psi / d:.3g}{u}" for u, d in (("B", 1e9), ("M", 1e6), ("k", 1e3)) if psi >= d), f"{psi:g}")
+    ticks = [v * 10 ** e for e in range(-3, 7) for v in (1, 2, 5)]
+    fig.update_layout(title=title or f"Model states per rank, {size} parameters, mixed-precision Adam",
+                      xaxis_title="data-parallel ranks N (log scale)", yaxis_title=f"{unit} per rank (log scale)",
                       xaxis_type="log", yaxis_type="log", height=360, margin=dict(t=50, b=40))
+    fig.update_xaxes(tickvals=list(worlds), ticktext=[str(n) for n in worlds])
+    fig.update_yaxes(tickvals=ticks)
     return fig
 
 
 def loss_curves_figure(curves: dict, title: str = "Training loss") -> go.Figure:
     """curves: {name: [loss per step]} -> one line per name, against the step."""
     fig = go.Figure()
-    for name, ys in curves.items():
-        fig.add_scatter(x=list(range(1, len(ys) + 1)), y=list(ys), mode="lines", name=name)
+    styles = [dict(width=6), dict(width=2, dash="dash"), dict(width=2, dash="dot")]  # equal curves stay visible
+    for i, (name, ys) in enumerate(curves.items()):
+        fig.add_scatter(x=list(range(1, len(ys) + 1)), y=list(ys), mode="lines", name=name,
+                        line=styles[i % len(styles)], opacity=0.5 if i == 0 else 1.0)
     fig.update_layout(title=title, xaxis_title="optimizer step", yaxis_title="loss (nats per character)",
                       height=340, margin=dict(t=50, b=40))
     return fig

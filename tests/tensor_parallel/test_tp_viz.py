@@ -26,5 +26,7 @@ def test_link_and_memory_figures():
     fig = tp_link_share_figure([{"link": "a", "t": 2, "share": 0.1, "ms": 1.0},
                                 {"link": "a", "t": 8, "share": 0.2, "ms": 2.0}])
     assert [list(b.y) for b in fig.data] == [[10.0], [20.0]]
+    assert fig.layout.shapes[0].y0 == 100 and fig.layout.yaxis.type == "log"   # the line "as long as the forward"
+    assert fig.layout.annotations[-1].y == 2                                    # log10(100): annotations use log units
     fig = tp_memory_figure([{"setting": "t=1", "measured": 2048, "counted": 2048}])
     assert [list(b.y) for b in fig.data] == [[2.0], [2.0]]
