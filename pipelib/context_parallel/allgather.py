@@ -8,8 +8,8 @@ with one reduce-scatter. With N = B H c D itemsize, bytes sent per rank:
 
     forward  (n - 1) 2N  (all-gather of K/V)      backward  (n - 1) 2N  (reduce-scatter of dK/dV)
 
-Half the ring's traffic, and simple; but the rank must hold the whole sequence's K/V (2 n N
-bytes, growing with S, not S/n) and the gather is not overlapped with compute here. Llama 3
+The ring's bytes forward, fewer backward (4(n-1)N in all against the ring's (6n-4)N), and
+simple; but the rank must hold the whole sequence's K/V (2 n N bytes, growing with S, not S/n) and the gather is not overlapped with compute here. Llama 3
 chose it because with grouped-query attention K/V are small beside Q, and it makes masks of any
 shape (document masks) easy.
 
@@ -54,7 +54,7 @@ class AllGatherAttention(torch.autograd.Function):
             kv_all = all_gather(kv, group, check=False)               # (n, 2, B, H, c, D)
             K, V = _to_sequence(kv_all[:, 0], n), _to_sequence(kv_all[:, 1], n)
             p = pieces_pairs(mine, every, causal)
-            with dev.compute(f"attn q{me}·all", flops=attention_flops(p, B, H, D)):
+            with dev.compute("F", flops=attention_flops(p, B, H, D)):
                 out, lse, _ = attend_pieces(q.detach(), K, V, mine, every, causal)
         ctx.save_for_backward(q, K, V, out, lse)
         ctx.setup = (group, causal, mine, every, n, p)
@@ -69,7 +69,7 @@ class AllGatherAttention(torch.autograd.Function):
         dev, (B, H, c, D) = current(), q.shape
         dout = dout.contiguous()
         with held(2 * K.numel() * K.element_size() + score_bytes(q, mine), "full dK/dV and scores"):
-            with dev.compute("attn bwd all", flops=attention_flops(p, B, H, D, backward=True)):
+            with dev.compute("B", flops=attention_flops(p, B, H, D, backward=True)):
                 dq, dK, dV, _ = attend_pieces_backward(dout, q, K, V, lse, (dout * out).sum(-1), mine, every, causal)
             dkv = torch.stack([dK, dV]).view(2, B, H, n, c, D).permute(3, 0, 1, 2, 4, 5).contiguous()
             mine_dkv = reduce_scatter(dkv, "sum", group, check=False)[0]    # (2, B, H, c, D)

@@ -14,9 +14,11 @@ alpha, when c >= c* = i F / (2 beta): the crossover shard length depends only on
 FLOP/s per link byte (`DeviceProfile.flops_per_link_byte`) and the element size, not on B, H
 or D. For an H100 over NVLink in bf16 that is about 2,200 rows; over PCIe, 20,000.
 
-Memory: a ring rank holds its shard's Q, K, V, O and lse for backward, 3 K/V-sized buffers
-during backward and one score block (S and P) of its largest piece pair: all of it a function
-of c alone, so the longest context grows exactly n-fold with n ranks.
+Memory, as the memory tracker counts it (`ring.held`: the saved tensors measured, the working
+buffers declared by size): a ring rank holds its shard's Q, K, V, O and lse for backward,
+3 K/V-sized buffers during backward and one score block (S and P) of its largest piece pair:
+all of it a function of c alone, so the longest context grows exactly n-fold with n ranks.
+Receive buffers, dO and dQ are not counted (a model of an allocator, not one).
 
 `overlap_stats` reads how much transfer time a measured trace hid behind compute.
 

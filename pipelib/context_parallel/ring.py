@@ -27,7 +27,9 @@ the messages still flow, since later ranks need them. On a simulated device each
 compute is charged its FLOPs (4 d per visible (query, key) pair forward, 10 d backward), so the
 timeline shows the real overlap of transfer and compute.
 
-Messages are labelled ``"ring_attention forward step s chunk j"`` (j: whose K/V block), so
+Compute events are labelled as on every timeline of the book: "F" (one block forward), "B"
+(its backward) and "I" (the deferred dQ of the last step, an input gradient). Messages are
+labelled ``"ring_attention forward step s chunk j"`` (j: whose K/V block), so
 `pipelib.viz.collective_animation` replays who holds which block after each step.
 
 Introduced in chapter 17.
@@ -84,8 +86,11 @@ def _peer(group, p: int) -> int:
 
 @contextlib.contextmanager
 def held(nbytes: int, what: str):
-    """Count `nbytes` on this rank's memory tracker while the block runs (a simulated device
-    raises its out-of-memory error here)."""
+    """Declare `nbytes` of working buffers on this rank's memory tracker while the block runs
+    (a simulated device raises its out-of-memory error here). The sizes are the caller's
+    bookkeeping, not an allocator's reading: the ring declares the K/V block in hand (forward),
+    that block, the next one and the dK/dV accumulator (backward) and one score tile; receive
+    buffers, dO, dQ and per-block temporaries are not declared (chapter 17 says so)."""
     mem = current().memory
     mem.add("buffers", nbytes, what)
     try:
@@ -126,7 +131,7 @@ class RingAttention(torch.autograd.Function):
                     hs = _exchange(kv, nxt, group, me, n, TAG_KV, f"ring_attention forward step {step} chunk {src}")
                 p = pieces_pairs(pieces[me], pieces[src], causal)   # 0: causal mask hides the block
                 if p:
-                    with dev.compute(f"attn q{me}·kv{src}", flops=attention_flops(p, B, H, D)):
+                    with dev.compute("F", flops=attention_flops(p, B, H, D)):      # one bar per block
                         b_out, b_lse, _ = attend_pieces(q.detach(), kv[0], kv[1], pieces[me], pieces[src], causal)
                         out, lse = merge_partials(out, lse, b_out, b_lse)
                 pairs += p
@@ -162,7 +167,7 @@ class RingAttention(torch.autograd.Function):
                 later = _deferred_pairs(pieces[me], pieces[src], causal) if last else 0
                 if p:
                     flops = attention_flops(p, B, H, D, backward=True) - DQ_FLOPS_PER_PAIR * later * B * H * D
-                    with dev.compute(f"attn bwd q{me}·kv{src}", flops=flops):
+                    with dev.compute("B", flops=flops):
                         gq, gk, gv, _, *deferred = attend_pieces_backward(
                             dout, q, kv[0], kv[1], lse, delta, pieces[me], pieces[src], causal, defer_last_dq=last)
                         dq += gq
@@ -179,7 +184,7 @@ class RingAttention(torch.autograd.Function):
                                      f"ring_attention_backward grads step {step} chunk {src}")
                 if later:                                           # while my block's last hop flies
                     qa, qb, finish, _ = deferred[0]
-                    with dev.compute(f"attn bwd dQ q{me}·kv{src}", flops=DQ_FLOPS_PER_PAIR * later * B * H * D):
+                    with dev.compute("I", flops=DQ_FLOPS_PER_PAIR * later * B * H * D):   # dQ: an input gradient
                         dq[:, :, qa:qb] += finish()
                 if step < n - 1:
                     p2p.wait_all(hs)

@@ -7,7 +7,8 @@ Every rank draws the same full Q, K, V and output gradient dO from `seed`, keeps
 runs the variant forward, then backward with its shard of dO (so the gradients are those of
 the loss sum(O * dO)). It returns a `pipelib.results.StepResult` whose grads are named by shard
 ("dq[r]", ...) and whose stats hold its output shard, the bytes it sent forward and backward,
-the (query, key) pairs it computed, its peak memory and its device time.
+the (query, key) pairs it computed, its peak memory (on a fresh memory tracker: this step's
+bytes only) and its device time.
 
 Introduced in chapter 17.
 """
@@ -51,7 +52,7 @@ def attention_step(variant: str, seq_len: int, *, batch: int = 1, heads: int = 4
         inputs = [split_sequence(t, n, me, layout) for t in attention_inputs(seq_len, batch, heads, head_dim, dtype, seed)]
     q, k, v, dout = [t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs)]
     dev = current()
-    dev.memory.reset_peak()
+    dev.memory = dev.fresh_memory()  # this step's bytes only, not what an earlier step left tracked
     stats: dict = {}
     p2p.reset_counters()
     t0 = dev.clock.now()
@@ -93,10 +94,10 @@ def prefix_group(size: int):
     """The process group of ranks 0..size-1 (all of them made on the first call, which every
     rank of the world must make: `dist.new_group` is collective), kept on this rank's device."""
     dev = current()
-    groups = dev.scratch.get("context_parallel_prefix_groups")
+    groups = dev.groups.get("context_parallel_prefix_groups")
     if groups is None:
         world = dist.get_world_size()
-        groups = dev.scratch["context_parallel_prefix_groups"] = {
+        groups = dev.groups["context_parallel_prefix_groups"] = {
             k: dist.new_group(list(range(k))) for k in range(1, world + 1)}
     return groups[size]
 
@@ -110,14 +111,16 @@ def memory_probe(variant: str, seq_len: int, ranks: int, capacity: int | None = 
     group = prefix_group(ranks)
     if dist.get_rank(group) < 0:
         return None
-    mem = current().memory
+    dev = current()
+    mem = dev.memory
     before, held = mem.capacity, dict(mem.bytes)
-    mem.capacity = capacity if capacity is not None else before
+    mem.capacity = capacity if capacity is not None else before  # the step's fresh tracker inherits it
     try:
         r = attention_step(variant, seq_len, group=group, **kw)
         return {"fits": True, "peak": r.stats["peak_memory"]}
     except SimulatedOutOfMemoryError as e:
         return {"fits": False, "need": e.need}
     finally:
+        dev.memory = mem
         mem.capacity = before
         mem.bytes.update(held)

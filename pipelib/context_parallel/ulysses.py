@@ -63,7 +63,7 @@ class UlyssesAttention(torch.autograd.Function):
         with held(2 * 3 * q.numel() * q.element_size() + score_bytes(q, every, q.shape[1] // n), "Ulysses Q, K, V and scores"):
             qf, kf, vf = _seq_to_heads(torch.stack([q, k, v]).detach(), n, group)
             p = pieces_pairs(every, every, causal)
-            with dev.compute(f"attn heads {me}", flops=attention_flops(p, B, H // n, D)):
+            with dev.compute("F", flops=attention_flops(p, B, H // n, D)):
                 of, lse, _ = attend_pieces(qf, kf, vf, every, every, causal)
             out = _heads_to_seq(of.unsqueeze(0), n, group)[0]
         ctx.save_for_backward(qf, kf, vf, of, lse)
@@ -79,7 +79,7 @@ class UlyssesAttention(torch.autograd.Function):
         dev, (B, h, S, D) = current(), qf.shape
         with held(4 * qf.numel() * qf.element_size() + score_bytes(qf, every), "Ulysses gradients and scores"):
             dof = _seq_to_heads(dout.contiguous().unsqueeze(0), n, group)[0]
-            with dev.compute(f"attn bwd heads {me}", flops=attention_flops(p, B, h, D, backward=True)):
+            with dev.compute("B", flops=attention_flops(p, B, h, D, backward=True)):
                 dq, dk, dv, _ = attend_pieces_backward(dof, qf, kf, vf, lse, (dof * of).sum(-1), every, every, causal)
             g = _heads_to_seq(torch.stack([dq, dk, dv]), n, group)
         return g[0], g[1], g[2], None, None, None, None, None

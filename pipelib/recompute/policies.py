@@ -76,7 +76,10 @@ class RerunForward(torch.autograd.Function):
             torch.set_rng_state(ctx.rng)
             for d, state in zip(ctx.gpus, ctx.gpu_rng):
                 torch.cuda.set_rng_state(state, d)
-            out = ctx.run(*inputs)
+            # The piece sees a view of each leaf, not the leaf: module backward hooks (torch's
+            # FlopCounterMode / ModuleTracker, which a simulated device's compute timing uses)
+            # cannot watch a leaf during autograd.grad. Same values, same gradients.
+            out = ctx.run(*[x.view_as(x) if x.requires_grad else x for x in inputs])
         leaves = [*inputs, *ctx.params]
         wanted = [i for i, t in enumerate(leaves) if need[i] and t.requires_grad]
         got = torch.autograd.grad(out, [leaves[i] for i in wanted], grad_out, allow_unused=True)

@@ -74,6 +74,7 @@ class Device:
         self.comm_counts: dict[str, int] = {}  # pipelib.comm.message.device_counters: bytes, messages
         self.outstanding: dict = {}  # pipelib.comm.message.Handle: posted, not yet waited, by id
         self.scratch: dict = {}      # pipelib.comm.ring.scratch_buffer: receive buffers kept, by dtype
+        self.groups: dict = {}       # process groups a strategy made once and reuses, by its own key
         self.torch_device = self._torch_device()
 
     def fresh_memory(self) -> MemoryTracker:

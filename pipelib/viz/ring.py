@@ -15,6 +15,8 @@ Who sends which K/V block to whom, step by step, is `pipelib.viz.comm.collective
 """
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -48,12 +50,19 @@ def overlap_figure(rows: list[dict], crossover: float, title: str = "Transfer hi
                              name="transfer hidden (%)", marker_color=PALETTE[0]), secondary_y=False)
     fig.add_trace(go.Scatter(x=xs, y=[r["step_over_compute"] for r in rows], mode="lines+markers",
                              name="step / compute alone", marker_color=PALETTE[3]), secondary_y=True)
-    fig.add_vline(x=crossover, line_dash="dash", line_color="#888888",
-                  annotation_text=f"predicted crossover c* = {short_number(crossover)}")
-    fig.update_xaxes(type="log", title="shard length c = S / n (rows per rank)")
-    fig.update_yaxes(title_text="hidden (%)", range=[0, 105], secondary_y=False)
-    fig.update_yaxes(title_text="step / compute", secondary_y=True)
-    fig.update_layout(title=title, height=380, **_LOOK)
+    fig.add_vline(x=crossover, line_dash="dash", line_color="#888888")
+    # on a log axis a shape takes data values but an annotation takes log10 of them
+    fig.add_annotation(x=math.log10(crossover), y=0.5, xref="x", yref="paper", showarrow=False, xanchor="left",
+                       text=f" predicted crossover<br> c* = {short_number(crossover)}", align="left")
+    powers = [2**k for k in range(31) if min(xs) / 1.5 <= 2**k <= max(xs) * 1.5]
+    fig.update_xaxes(type="log", title="shard length c = S / n (rows per rank)", tickvals=powers,
+                     ticktext=[str(t) for t in powers])
+    fig.update_yaxes(title_text="transfer hidden (%)", range=[0, 105], secondary_y=False)
+    ratios = [r["step_over_compute"] for r in rows]
+    ticks = [t for t in (1, 1.5, 2, 3, 5, 10, 20, 50, 100, 200) if min(ratios) / 1.5 <= t <= max(ratios) * 1.5]
+    fig.update_yaxes(title_text="step time / compute time (log)", type="log", showgrid=False, tickvals=ticks,
+                     ticktext=[f"{t:g}" for t in ticks], secondary_y=True)
+    fig.update_layout(title=title, height=380, **{**_LOOK, "margin": dict(l=10, r=10, t=90, b=40)})
     return fig
 
 

@@ -177,3 +177,24 @@ def test_the_benchmark_timers_run(cluster4):
         times = cluster4.run(time_attention, variant, 16, 2, heads=2, head_dim=4)
         assert all(len(t) == 2 and min(t) > 0 for t in times), times
     assert len(time_rank_alone(16, 4, 3, 2, heads=2, head_dim=4)) == 2
+
+
+def _probe_after_stale_bytes(seq, ranks, capacity):
+    from pipelib.context_parallel.step import memory_probe
+    from pipelib.runtime.device import current
+
+    mem = current().memory
+    mem.add("parameters", 10**6, "an earlier step's model")  # what a pipeline step leaves tracked
+    try:
+        return memory_probe("ring", seq, ranks, capacity, heads=2, head_dim=4, dtype=torch.float32), \
+            current().memory is mem and mem.bytes["parameters"] >= 10**6
+    finally:
+        mem.bytes["parameters"] -= 10**6
+
+
+def test_memory_probe_counts_only_its_own_step(cluster4):
+    """Bytes an earlier step left on the device's tracker (a pipeline step's parameters) neither
+    inflate the probe's peak nor its out-of-memory test; the device's tracker is given back."""
+    capacity = 64 * 1024
+    for (r, kept) in cluster4.run(_probe_after_stale_bytes, 32, 2, capacity)[:2]:
+        assert r["fits"] and r["peak"] == ring_peak_bytes(1, 2, 16, 4, 4) and kept, r

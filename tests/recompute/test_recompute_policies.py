@@ -162,3 +162,22 @@ def test_the_formulas_refuse_the_same(policy, k, match):
 def test_a_module_without_blocks_is_refused():
     with pytest.raises(ValueError, match="holds no pipelib.model.Block"):
         apply_recompute(torch.nn.Linear(2, 2), "full")
+
+
+@pytest.mark.parametrize("policy", ["full", "every_k", "selective"])
+def test_recompute_runs_under_torchs_flop_counter(policy):
+    """A simulated device times ops with torch's FlopCounterMode, whose module tracker cannot
+    watch a leaf during autograd.grad: the rerun must not hand a module a leaf (it crashed a
+    1F1B stage timed from counted FLOPs). The counter sees the rerun: one more forward of the
+    blocks for full and every_k, the core's two matmuls per block for selective."""
+    cfg = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16)
+    idx, targets = step_tokens(cfg, 2, 16, 0)
+    counted = {}
+    for p in ("none", policy):
+        model = apply_recompute(GPT(cfg, seed=0), p, 2 if p == "every_k" else None)
+        with FlopCounterMode(display=False) as counter:
+            _, loss = model(idx, targets)
+            loss.backward()
+        counted[p] = counter.get_total_flops()
+    extra = predict_policy(cfg, 2, 16, policy, 2 if policy == "every_k" else None).extra_flops
+    assert counted[policy] - counted["none"] == extra > 0
