@@ -103,4 +103,4 @@ def ddp_timelines_figure(traces: dict, title: str = "One DDP step, rank by rank"
     shown = {label: [e for e in t.events if e.kind in kinds] for label, t in traces.items()}
     ranks = 1 + max((e.rank for evs in shown.values() for e in evs), default=0)  # the group's ranks only
     (a, ta), (b, tb) = [(label, Trace(evs, ranks)) for label, evs in shown.items()]
-    return timeline_figure(ta, title, overlay=tb, groups=(a, b), kinds=kinds)
+    return timeline_figure(ta, title, overlay=tb, groups=(a, b), kinds=kinds, idle_name="compute idle")

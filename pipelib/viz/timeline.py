@@ -34,7 +34,10 @@ KIND_COLORS = {
     Kind.COLLECTIVE: "#B279A2",
 }
 LABEL_COLORS = {"F": "#4C78A8", "B": "#54A24B", "I": "#88C95F", "W": "#9D755D",
-                "serial": "#E45756", "parallel": "#4C78A8", "optimizer": "#B279A2"}
+                "forward": "#4C78A8", "backward": "#54A24B",
+                "serial": "#E45756", "parallel": "#4C78A8", "optimizer": "#EECA3B"}
+# other compute labels (a model's parts, a strategy's phases): colours no op or kind above uses
+OTHER_COLORS = ["#FF9DA6", "#8CD17D", "#D67195", "#B6992D", "#499894", "#BAB0AC", "#79706E", "#D37295"]
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6"]
 OP_NAMES = {"F": "forward", "B": "backward", "I": "backward, input gradient",
             "W": "backward, weight gradient", Kind.RECV_WAIT.value: "idle, waiting for a message"}
@@ -86,6 +89,18 @@ def _hover(kind: Kind, label: str, evs: list, t0: float, scale: float, unit: str
     return data, "<br>".join(lines) + "<extra></extra>", text
 
 
+def _color(kind: Kind, label: str, keys) -> str:
+    """A compute op's colour: the schedule letters' own (F, B, I, W; "forward" as F, "backward"
+    as B), other compute labels from the palette in legend order, so two labels never share a
+    swatch; messages and waits by kind."""
+    if kind != Kind.COMPUTE:
+        return KIND_COLORS[kind]
+    if label in LABEL_COLORS:
+        return LABEL_COLORS[label]
+    others = [k[1] for k in keys if k[0] == Kind.COMPUTE and k[1] not in LABEL_COLORS]
+    return OTHER_COLORS[others.index(label) % len(OTHER_COLORS)] if label in others else KIND_COLORS[kind]
+
+
 def _bars(trace: Trace, show_kinds, unit: str, scale: float, rnd, *, names=None, keys=None,
           faded: bool = False) -> list[go.Bar]:
     """One bar trace per (kind, label) group; `keys` fixes the groups so every frame of a
@@ -98,7 +113,7 @@ def _bars(trace: Trace, show_kinds, unit: str, scale: float, rnd, *, names=None,
     for kind, label in (_order(groups) if keys is None else keys):
         evs = groups.get((kind, label), [])
         custom, hover, text = _hover(kind, label, evs, t0, scale, unit, rnd)
-        color = LABEL_COLORS.get(label, KIND_COLORS[kind]) if kind == Kind.COMPUTE else KIND_COLORS[kind]
+        color = _color(kind, label, keys or _order(groups))
         # `base` as an array: plotly's encoder (figure_bundle) writes it as numbers, a generic one does not
         out.append(go.Bar(
             name=label, orientation="h", y=[names[e.rank] for e in evs], legendgroup=label,
@@ -124,8 +139,12 @@ def _bubble(traces, groups, overlay) -> str:
 
 def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = True, frames: int = 24,
                     kinds=(Kind.COMPUTE, Kind.RECV_WAIT), unit: str | Units | None = None,
-                    overlay: Trace | None = None, groups: tuple[str, str] = ("measured", "predicted")) -> go.Figure:
+                    overlay: Trace | None = None, groups: tuple[str, str] = ("measured", "predicted"),
+                    idle_name: str = "bubble") -> go.Figure:
     """One row per rank; gaps are idle time (share in the row label); animated as time advances.
+
+    The subtitle names the ranks' idle share `idle_name`: a pipeline's "bubble" (chapters
+    10-13), or e.g. "compute idle" for a data-parallel step waiting on its collectives (08).
 
     With `overlay` (e.g. what `simulate` predicts for the run in `trace`), two row groups share
     the time axis: `trace`'s rows on top, the overlay's below, named by `groups` (chapter 12).
@@ -142,11 +161,12 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     keys = [_order(_groups(t, show_kinds)) for t in traces]
     fig = go.Figure([bar for i, (t, r, k) in enumerate(zip(traces, rows, keys))
                      for bar in _bars(t, show_kinds, unit, scale, rnd, names=r, keys=k, faded=i == 1)])
-    idle_bars = " and recv-wait bars" if Kind.RECV_WAIT in show_kinds else ""
+    idle_bars = "".join(f" and {name} bars" for kind, name in ((Kind.RECV_WAIT, "recv-wait"), (Kind.COLLECTIVE, "collective"))
+                        if kind in show_kinds)
     steps = " · ".join(f"{g + ' ' if overlay is not None else ''}{short_number(t.span * scale)} {unit}"
                        for t, g in zip(traces, groups))
     fig.update_layout(
-        title=dict(text=f"{title}<br><sub>bubble {_bubble(traces, groups, overlay is not None)} of "
+        title=dict(text=f"{title}<br><sub>{idle_name} {_bubble(traces, groups, overlay is not None)} of "
                         f"{trace.world_size} ranks × step {steps} · idle: gaps{idle_bars}</sub>"),
         xaxis=dict(title=time_title(unit), range=[0, span * scale * 1.02]),
         yaxis=dict(categoryarray=[n for r in rows for n in r][::-1], categoryorder="array"),

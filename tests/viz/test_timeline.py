@@ -5,7 +5,7 @@ import pytest
 
 from pipelib.viz.display import figure_bundle
 from pipelib.trace import Event, Kind, Trace
-from pipelib.viz.timeline import memory_figure, speedup_figure, sweep_figure, timeline_figure
+from pipelib.viz.timeline import LABEL_COLORS, memory_figure, speedup_figure, sweep_figure, timeline_figure
 
 
 def _trace(offset=0.0):
@@ -137,3 +137,18 @@ def test_legend_lists_forward_before_backward():
     evs = [Event(0, Kind.COMPUTE, op, i, i + 1, microbatch=0) for i, op in enumerate("FBW")]
     fig = timeline_figure(Trace(evs, 1), animate=False)
     assert [b.name for b in fig.data] == ["F", "B", "W"]
+
+
+def test_compute_labels_never_share_a_swatch_and_idle_is_named():
+    """A data-parallel step's "forward"/"backward" look like F/B, other compute labels get their
+    own palette colours, the optimizer is not the collectives' colour, and the subtitle can call
+    the idle share what it is (chapter 08: compute idle, collectives drawn)."""
+    evs = [Event(r, Kind.COMPUTE, lab, s, s + 1e-3) for r in range(2)
+           for lab, s in (("forward", 0.0), ("backward", 2e-3), ("optimizer", 4e-3), ("embed", 6e-3), ("head", 8e-3))]
+    evs += [Event(r, Kind.COLLECTIVE, "all_gather", 1e-3, 2e-3, bytes=8) for r in range(2)]
+    fig = timeline_figure(Trace(evs, 2), "ZeRO-3", kinds=(Kind.COMPUTE, Kind.COLLECTIVE), idle_name="compute idle")
+    colors = {bar.name: bar.marker.color for bar in fig.data}
+    assert len(set(colors.values())) == len(colors), colors
+    assert colors["forward"] == LABEL_COLORS["F"] and colors["backward"] == LABEL_COLORS["B"]
+    title = fig.layout.title.text
+    assert "compute idle" in title and "bubble" not in title and "collective bars" in title
