@@ -144,11 +144,13 @@ def _arrows(moves: list[dict], gap: float = 0.22) -> go.Scatter:
 
 
 def collective_animation(trace: Trace, name: str, n: int | None = None, *, root: int = 0,
-                         title: str | None = None, arrows: bool = True) -> go.Figure:
+                         title: str | None = None, arrows: bool = True,
+                         columns: list[str] | None = None) -> go.Figure:
     """Rows are ranks, columns chunk slots; each cell names the ranks whose data it holds
     (colour: share of all ranks). One frame per step, with that step's messages drawn as arrows
     from the sending cell to the receiving one (`step_moves`) and listed in the title. The
-    static view (the book's page before play) shows the last step."""
+    static view (the book's page before play) shows the last step. `columns` names the slots
+    when "chunk c" / "whole tensor" does not say what they are (chapter 17: K/V blocks held)."""
     n = n or trace.world_size
     rows = message_steps(trace, name)
     if not rows:
@@ -159,6 +161,10 @@ def collective_animation(trace: Trace, name: str, n: int | None = None, *, root:
     slots = len(states[0][0])
     ylab = [f"rank {r}" for r in range(n)]
     xlab = [f"chunk {c}" for c in range(slots)] if slots > 1 else ["whole tensor"]
+    if columns is not None:
+        if len(columns) != slots:
+            raise ValueError(f"columns={columns!r} names {len(columns)} slots; {name!r} has {slots}")
+        xlab = list(columns)
 
     def heat(state):
         z, text = _cells(state, n)

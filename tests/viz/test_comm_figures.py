@@ -148,3 +148,13 @@ def test_segments_of_one_chunk_are_one_move_with_all_their_bytes():
     assert [(m["src"], m["bytes"], m["messages"]) for m in moves[0]] == [(0, 256, 3), (1, 256, 3)]
     fig = collective_animation(Trace(evs, n), "all_gather")
     assert len(fig.frames[1].data[1].x) == 3 * n and "256 B each" in fig.frames[1].layout.title.text
+
+
+def test_animation_columns_can_be_named_and_must_match_the_slots():
+    """Chapter 17 names its one column (the K/V blocks a rank has held); a wrong count is an error."""
+    default = collective_animation(_ring_all_reduce(4), "all_reduce")
+    names = [f"block {c}" for c in range(4)]
+    named = collective_animation(_ring_all_reduce(4), "all_reduce", columns=names)
+    assert list(named.layout.xaxis.ticktext) == names and list(default.layout.xaxis.ticktext) != names
+    with pytest.raises(ValueError, match="names 2 slots"):
+        collective_animation(_ring_all_reduce(4), "all_reduce", columns=["a", "b"])
