@@ -23,7 +23,6 @@ Writes bench/results/context_parallel.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,15 +30,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from _results import load, write  # noqa: E402  (bench/, the script's own folder)
 
 VARIANTS = ("ring", "allgather", "ulysses", "alone")
 
 
-def _load() -> str:
-    try:
-        return open("/proc/loadavg").read().split(" ")[0]
-    except OSError:
-        return "unknown"
 
 
 def main() -> dict:
@@ -61,7 +56,7 @@ def main() -> dict:
 
     kw = dict(heads=a.heads, head_dim=a.head_dim, dtype=torch.float32)
     out = {"seq_len": a.seq, "heads": a.heads, "head_dim": a.head_dim, "dtype": "float32", "causal": True,
-           "layout": "zigzag", "cores": os.cpu_count(), "repeats": a.repeats, "load_before": _load(), "worlds": {}}
+           "layout": "zigzag", "cores": os.cpu_count(), "repeats": a.repeats, "load_before": load(), "worlds": {}}
     for n in [int(w) for w in a.worlds.split(",")]:
         t0 = time.time()
         with Cluster(n, device="cpu", timeout=600) as cluster:
@@ -76,15 +71,12 @@ def main() -> dict:
         ratio = {f"{v}/ring": statistics.median(r[v] / r["ring"] for r in rounds) for v in ("allgather", "ulysses")}
         ratio["ring/alone"] = statistics.median(r["ring"] / r["alone"] for r in rounds)
         out["worlds"][n] = {"median_step_s": med, "ratios": ratio, "rounds": rounds, "wall_s": time.time() - t0,
-                            "load_after": _load()}
+                            "load_after": load()}
         print(f"n={n}: ring {med['ring'] * 1e3:.0f} ms, all-gather {med['allgather'] * 1e3:.0f} ms, Ulysses "
               f"{med['ulysses'] * 1e3:.0f} ms, every rank's work alone {med['alone'] * 1e3:.0f} ms | paired: "
               f"all-gather/ring {ratio['allgather/ring']:.2f}, Ulysses/ring {ratio['ulysses/ring']:.2f}, "
               f"ring/alone {ratio['ring/alone']:.2f} (load {out['worlds'][n]['load_after']} on {os.cpu_count()} cores)")
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "bench", "results", "context_parallel.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
+    path = write("context_parallel", out)
     print(f"wrote {os.path.relpath(path, ROOT)}")
     return out
 

@@ -32,24 +32,18 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from _results import load, write  # noqa: E402  (bench/, the script's own folder)
 
 TARGET = {"overlap": 1.05}
 
 
-def _load() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def measure_world(n, cfg, batch_per_rank, steps, repeats, bucket_bytes) -> dict:
@@ -114,7 +108,7 @@ def main(argv=None) -> dict:
     # sized so backward takes tens of ms per rank and the gradients are several buckets
     cfg = GPTConfig(vocab_size=64, block_size=64, n_layer=4, n_head=4, n_embd=64 if a.quick else 128)
     bucket_bytes, batch = 1 << 20, 8
-    out = {"load_before": _load(), "model": cfg.__dict__, "params": num_params(cfg), "batch_per_rank": batch,
+    out = {"load_before": load(), "model": cfg.__dict__, "params": num_params(cfg), "batch_per_rank": batch,
            "bucket_bytes": bucket_bytes, "repeats": a.repeats, "steps": a.steps, "worlds": {}}
     t0 = time.time()
     for n in [int(w) for w in a.worlds.split(",")]:
@@ -132,11 +126,8 @@ def main(argv=None) -> dict:
               f"max |param - torch's| {max(r['max_param_diff_vs_torch'].values()):.1e}")
         if not a.no_zero:
             r["zero"] = zero_part(n)
-    out["seconds"], out["load_after"] = time.time() - t0, _load()
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "bench", "results", "data_parallel.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1, default=str)
+    out["seconds"], out["load_after"] = time.time() - t0, load()
+    path = write("data_parallel", out, default=str)
     print(f"wrote {os.path.relpath(path, ROOT)} ({out['seconds']:.0f} s)")
     return out
 

@@ -23,7 +23,6 @@ Writes bench/results/data_parallel_zero.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -31,6 +30,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when imported by path
+from _results import load, write  # noqa: E402
 
 SPEC = dict(kind="mlp", in_features=1024, hidden=1024, out_features=1024, num_layers=4)
 TARGET = 1.15  # pipelib ZeRO-3 / torch FSDP2
@@ -82,10 +83,8 @@ def main(argv=None) -> dict:
     t0 = time.time()
     rows = [measure(n, steps, deepspeed=not a.no_deepspeed) for n in worlds]
     out = {"benchmark": "data_parallel_zero", "rows": rows, "seconds": time.time() - t0,
-           "load": os.getloadavg()}
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    with open(os.path.join(ROOT, "bench", "results", "data_parallel_zero.json"), "w") as f:
-        json.dump(out, f, indent=1)
+           "load": load()}
+    write("data_parallel_zero", out)
     for r in rows:
         print(f"n={r['world_size']}: zero3 {r['median_s']['zero3'] * 1e3:.1f} ms, fsdp2 "
               f"{r['median_s']['fsdp2'] * 1e3:.1f} ms, zero0 {r['median_s']['zero0'] * 1e3:.1f} ms; "

@@ -31,15 +31,14 @@ Writes bench/results/pipelines.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from _results import load, write  # noqa: E402  (bench/, the script's own folder)
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved_1f1b", "zbv"]
 TARGET = {"gpipe": 1.0, "1f1b": 1.0, "interleaved_1f1b": 1.1, "zbv": 1.1}  # pipelib / torch
@@ -49,11 +48,6 @@ ABLATION = [{"check": True, "recv_ahead": 0}, {"check": True, "recv_ahead": 2},
             {"check": False, "recv_ahead": 0}, {"check": False, "recv_ahead": 1}]
 
 
-def _load() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def compare(cluster, name, p, m, cfg, rows, repeats, steps, **kw) -> dict:
@@ -135,7 +129,7 @@ def main(argv=None):
     steps = args.steps or (2 if args.quick else 5)
     args.ablation = not args.quick if args.ablation is None else args.ablation
     results = {"repeats": repeats, "steps": steps, "hidden": args.hidden, "rows": args.rows,
-               "cpu_count": os.cpu_count(), "load_before": _load(), "speed": [],
+               "cpu_count": os.cpu_count(), "load_before": load(), "speed": [],
                "ablation": []}
     t0 = time.perf_counter()
     for p in [int(w) for w in args.worlds.split(",")]:
@@ -166,15 +160,12 @@ def main(argv=None):
                     results["ablation"].append(row)
                     print(f"{name:>18} {'track_memory=True':>34} ratio {row['ratio']:6.3f} paired "
                           f"{row['ratio_paired_median']:6.3f}")
-    results["load_after_speed"] = _load()
+    results["load_after_speed"] = load()
     print("\nsimulated clock vs simulate(), 4 ranks, m=8")
     results["fidelity"] = fidelity()
-    results["load_after"] = _load()
+    results["load_after"] = load()
     results["seconds"] = time.perf_counter() - t0
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "bench", "results", "pipelines.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    path = write("pipelines", results)
     print(f"\nwrote {path} ({results['seconds']:.0f} s; load: {results['load_after']})")
 
 

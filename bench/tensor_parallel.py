@@ -25,25 +25,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from _results import load, write  # noqa: E402  (bench/, the script's own folder)
 
 IMPLS = ("pipelib", "pipelib-torch", "dtensor")
 TARGET = 1.1
 
 
-def _load() -> str:
-    try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def compare(cluster, cfg, b, s, t, sp, repeats, steps, whole) -> dict:
@@ -87,7 +81,7 @@ def main(argv=None):
     cfg = GPTConfig(vocab_size=256, block_size=args.seq, n_layer=2, n_head=8, n_embd=args.hidden)
     t0 = time.perf_counter()
     results = {"repeats": repeats, "steps": steps, "config": cfg.__dict__, "batch": args.batch,
-               "seq": args.seq, "target": TARGET, "load_before": _load(), "rows": []}
+               "seq": args.seq, "target": TARGET, "load_before": load(), "rows": []}
     with Cluster(4, device="cpu", timeout=300) as cluster:
         sps = (False, True) if args.sp else (False,)
         for whole, t, sp in itertools.product((False, True), (2, 4), sps):
@@ -98,17 +92,14 @@ def main(argv=None):
                   f"{row['ratio pipelib / dtensor']:.2f} (paired {row['paired ratio pipelib / dtensor']:.2f}), "
                   f"pipelib(torch collectives)/DTensor {row['ratio pipelib-torch / dtensor']:.2f} "
                   f"(paired {row['paired ratio pipelib-torch / dtensor']:.2f})")
-    results["load_after"] = _load()
+    results["load_after"] = load()
     results["seconds"] = time.perf_counter() - t0
     best = {k: max(r[f"ratio {k} / dtensor"] for r in results["rows"]) for k in ("pipelib", "pipelib-torch")}
     paired = {k: max(r[f"paired ratio {k} / dtensor"] for r in results["rows"]) for k in ("pipelib", "pipelib-torch")}
     results["worst ratio"], results["worst paired ratio"] = best, paired
     results["meets target"] = {k: v <= TARGET for k, v in best.items()}
     results["meets target (paired)"] = {k: v <= TARGET for k, v in paired.items()}
-    os.makedirs(os.path.join(ROOT, "bench", "results"), exist_ok=True)
-    path = os.path.join(ROOT, "bench", "results", "tensor_parallel.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
+    path = write("tensor_parallel", results)
     print(f"worst ratio over t and SP: {best}, worst paired ratio: {paired} (target <= {TARGET}); wrote {path} "
           f"({results['seconds']:.0f} s; load: {results['load_after']})")
 

@@ -75,13 +75,9 @@ class CommStream:
         """Start summing `flat` over the group; returns at once (on the compute lane)."""
         work = CommWork(label)
         if self.simulated:
-            compute_clock = self.dev.clock
-            lane = VirtualClock(max(self.free_at, compute_clock.now()))
-            self.dev.clock = lane  # the ring's messages, waits and events are timed on the stream
-            try:
+            lane = VirtualClock(max(self.free_at, self.dev.clock.now()))
+            with self.dev.lane(lane):  # the ring's messages, waits and events are timed on the stream
                 self._all_reduce(flat, label, lane)
-            finally:
-                self.dev.clock = compute_clock
             work.end = self.free_at = lane.now()
             work.done = True
         elif self.comm == "gloo":

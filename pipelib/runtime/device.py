@@ -102,6 +102,17 @@ class Device:
     def now(self) -> float:
         return self.clock.now()
 
+    @contextlib.contextmanager
+    def lane(self, clock):
+        """Time what this rank does inside the block on `clock`, a second lane beside compute
+        (chapter 07's communication stream: a bucket's all-reduce runs on it while backward's
+        clock stands still); the compute clock is back afterwards, whatever happens."""
+        compute, self.clock = self.clock, clock
+        try:
+            yield clock
+        finally:
+            self.clock = compute
+
     def reset(self) -> None:
         """Start a new measurement: clock to 0 (virtual) and an empty trace."""
         if self.clock.virtual:

@@ -86,3 +86,23 @@ def test_measured_compute_records_its_wall_time_and_restores_the_beacon(tmp_path
         assert text == "running a test" and 0 <= age < 5
     (e,) = dev.tracer.events  # the failed op is not recorded
     assert (e.label, e.stage, e.microbatch) == ("F", 1, 2) and 0.05 <= e.duration < 1.0
+
+
+def test_a_lane_times_its_block_on_its_own_clock_and_gives_the_compute_clock_back():
+    """Chapter 07's communication stream: work inside `lane` moves the lane's clock only, and
+    the compute clock is restored even when the block raises."""
+    from pipelib.runtime.clocks import VirtualClock
+
+    dev = Device(spec=DeviceSpec(kind="sim"))
+    compute = dev.clock
+    with dev.compute("F", duration=1.0):
+        pass
+    lane = VirtualClock(0.5)
+    with dev.lane(lane):
+        with dev.compute("comm", duration=2.0):
+            pass
+    assert dev.clock is compute and compute.now() == 1.0 and lane.now() == 2.5
+    with pytest.raises(RuntimeError):
+        with dev.lane(VirtualClock(0.0)):
+            raise RuntimeError("a ring step failed")
+    assert dev.clock is compute
