@@ -18,6 +18,7 @@ from pipelib.viz.display import time_unit
 from pipelib.viz.timeline import timeline_figure
 
 COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2"]
+MODEL_COLORS = ["#222222", "#7f7f7f"]
 BASE = dict(template="plotly_white", margin=dict(l=10, r=10, t=70, b=40),
             legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))
 
@@ -37,8 +38,9 @@ def bucket_sweep_figure(rows: list[dict], series: dict[str, str], title: str = "
                                  text=hover, line=dict(color=COLORS[i % len(COLORS)]),
                                  hovertemplate=f"{name}<br>%{{x}} B, %{{text}}: %{{y:.4g}} {unit}<extra></extra>"))
     for i, (col, name) in enumerate((predicted or {}).items()):
+        # dark and thin: a model equal to its measurement must still show on top of it
         fig.add_trace(go.Scatter(x=x, y=[r[col] * scale for r in rows], mode="lines", name=name,
-                                 line=dict(color=COLORS[i % len(COLORS)], dash="dash"),
+                                 line=dict(color=MODEL_COLORS[i % len(MODEL_COLORS)], dash="dash", width=1.5),
                                  hovertemplate=f"{name}<br>%{{x}} B: %{{y:.4g}} {unit}<extra></extra>"))
     fig.update_xaxes(type="log", title_text="bucket size (bytes)")
     fig.update_yaxes(title_text=f"step time ({unit})", rangemode="tozero")
@@ -53,7 +55,7 @@ def efficiency_figure(measured: dict, predicted: dict, title: str = "Communicati
     colour (same names, in the same order), `bands` {label: (low, high)} shaded efficiency ranges."""
     fig = go.Figure()
     for label, (lo, hi) in (bands or {}).items():
-        fig.add_hrect(y0=lo, y1=hi, fillcolor="#cccccc", opacity=0.25, line_width=0,
+        fig.add_hrect(y0=lo, y1=hi, fillcolor="#cccccc", opacity=0.25, line_width=0, layer="below",
                       annotation_text=label, annotation_position="top left")
     for i, (name, (x, y)) in enumerate(predicted.items()):
         fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{name} (model)", legendgroup=name,

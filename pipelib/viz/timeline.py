@@ -45,7 +45,7 @@ TEXT = dict(textposition="inside", insidetextanchor="middle", textangle=0, const
             textfont=dict(size=10, color="white"))
 LAYOUT = dict(barmode="overlay", uniformtext=dict(minsize=8, mode="hide"), template="plotly_white",
               legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
-              margin=dict(l=10, r=10, t=90, b=40), hoverlabel=dict(align="left"))
+              margin=dict(l=10, r=10, t=115, b=40), hoverlabel=dict(align="left"))
 
 
 def _rank_names(trace: Trace, kinds=(Kind.COMPUTE,), prefix: str = "") -> list[str]:
@@ -119,7 +119,8 @@ def _bars(trace: Trace, show_kinds, unit: str, scale: float, rnd, *, names=None,
             name=label, orientation="h", y=[names[e.rank] for e in evs], legendgroup=label,
             showlegend=not faded, base=np.array([c[0] for c in custom], dtype=float), x=[c[2] for c in custom],
             customdata=custom, hovertemplate=hover, marker=dict(color=color, line=dict(width=0.5, color="white")),
-            opacity=(1.0 if kind == Kind.COMPUTE else 0.75) * (0.6 if faded else 1.0),
+            # messages are not faded further: a faded collective over a faded compute bar reads grey
+            opacity=0.75 if kind != Kind.COMPUTE else (0.6 if faded else 1.0),
             width=0.8 if kind == Kind.COMPUTE else 0.35,
             **({"texttemplate": text, **TEXT} if text is not None else {"textposition": "none"}),
         ))
@@ -166,8 +167,9 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     steps = " · ".join(f"{g + ' ' if overlay is not None else ''}{short_number(t.span * scale)} {unit}"
                        for t, g in zip(traces, groups))
     fig.update_layout(
+        # two subtitle lines, so that neither runs into the legend at the top right
         title=dict(text=f"{title}<br><sub>{idle_name} {_bubble(traces, groups, overlay is not None)} of "
-                        f"{trace.world_size} ranks × step {steps} · idle: gaps{idle_bars}</sub>"),
+                        f"{trace.world_size} ranks × step {steps} </sub><br><sub>idle: gaps{idle_bars}</sub>"),
         xaxis=dict(title=time_title(unit), range=[0, span * scale * 1.02]),
         yaxis=dict(categoryarray=[n for r in rows for n in r][::-1], categoryorder="array"),
         height=260 + 38 * sum(t.world_size for t in traces), **LAYOUT,
