@@ -169,7 +169,7 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     fig.update_layout(
         # two subtitle lines, so that neither runs into the legend at the top right
         title=dict(text=f"{title}<br><sub>{idle_name} {_bubble(traces, groups, overlay is not None)} of "
-                        f"{trace.world_size} ranks × step {steps} </sub><br><sub>idle: gaps{idle_bars}</sub>"),
+                        f"{trace.world_size} ranks × step {steps} ·</sub><br><sub>idle: gaps{idle_bars}</sub>"),
         xaxis=dict(title=time_title(unit), range=[0, span * scale * 1.02]),
         yaxis=dict(categoryarray=[n for r in rows for n in r][::-1], categoryorder="array"),
         height=260 + 38 * sum(t.world_size for t in traces), **LAYOUT,
