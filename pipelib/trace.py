@@ -45,6 +45,7 @@ class Event:
     bytes: int = 0
     memory: int | None = None  # bytes allocated on this rank after the event
     peer: int | None = None    # the other rank of a send, receive or transfer
+    axis: str | None = None    # the mesh axis whose group carried it ("dp", "tp", "pp", "cp", "ep")
 
     def __post_init__(self):
         if self.end < self.start:
@@ -67,26 +68,39 @@ class Event:
 
 
 class Tracer:
-    """Per-rank recorder. The runtime appends; `Cluster.trace()` collects and clears."""
+    """Per-rank recorder. The runtime appends; `Cluster.trace()` collects and clears.
 
-    def __init__(self, rank: int = 0):
-        self.rank = rank
+    It never grows without bound: it keeps the last `limit` events (older ones are counted in
+    `dropped`), so a loop nobody collects (a library user's 10,000 DDP steps) holds a fixed
+    amount of memory. Outside the book's cluster it starts disabled (`runtime.device.current`):
+    measurement is then asked for, not paid for."""
+
+    LIMIT = 100_000  # events kept per rank: a chapter's longest run records a few thousand
+
+    def __init__(self, rank: int = 0, *, enabled: bool = True, limit: int = LIMIT):
+        self.rank, self.enabled, self.limit = rank, enabled, limit
         self.events: list[Event] = []
-        self.enabled = True
+        self.dropped = 0
 
     def record(self, kind: Kind, label: str, start: float, end: float, **fields) -> Event:
         ev = Event(self.rank, kind if type(kind) is Kind else Kind(kind), label, start, end, **fields)
         if self.enabled:
+            if len(self.events) >= self.limit:  # forget the oldest half: amortised O(1) per event
+                half = self.limit // 2 or 1
+                del self.events[:half]
+                self.dropped += half
             self.events.append(ev)
         return ev
 
     def take(self) -> list[Event]:
         """Return the recorded events and start afresh."""
-        evs, self.events = self.events, []
+        evs = self.events
+        self.clear()
         return evs
 
     def clear(self) -> None:
         self.events = []
+        self.dropped = 0
 
 
 def _union_length(intervals: Iterable[tuple[float, float]]) -> float:
@@ -140,13 +154,14 @@ class Trace:
     def span(self) -> float:
         return self.end - self.start
 
-    def filter(self, *, rank=None, kind=None, label=None) -> "Trace":
+    def filter(self, *, rank=None, kind=None, label=None, axis=None) -> "Trace":
         kinds = None if kind is None else {Kind(k) for k in (kind if isinstance(kind, (list, tuple, set)) else [kind])}
         evs = [
             e for e in self.events
             if (rank is None or e.rank == rank)
             and (kinds is None or e.kind in kinds)
             and (label is None or e.label == label)
+            and (axis is None or e.axis == axis)
         ]
         return Trace(evs, self.world_size)
 
@@ -168,8 +183,10 @@ class Trace:
         busy = sum(self.busy(r, kinds) for r in range(self.world_size))
         return 1.0 - busy / (self.world_size * span)
 
-    def bytes_sent(self, rank: int | None = None) -> int:
-        return sum(e.bytes for e in self.events if e.kind == Kind.SEND and (rank is None or e.rank == rank))
+    def bytes_sent(self, rank: int | None = None, axis: str | None = None) -> int:
+        """Payload bytes sent (SEND events), by one rank or all, on one mesh axis or any."""
+        return sum(e.bytes for e in self.events if e.kind == Kind.SEND and (rank is None or e.rank == rank)
+                   and (axis is None or e.axis == axis))
 
     def peak_memory(self, rank: int) -> int:
         return max((e.memory for e in self.events if e.rank == rank and e.memory is not None), default=0)

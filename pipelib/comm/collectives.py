@@ -103,7 +103,8 @@ class _Call:
 
     def done(self, result):
         self.dev.activity.set(self.activity)
-        self.dev.tracer.record(Kind.COLLECTIVE, self.name, self.t0, self.dev.clock.now(), bytes=self.sent)
+        self.dev.tracer.record(Kind.COLLECTIVE, self.name, self.t0, self.dev.clock.now(), bytes=self.sent,
+                               axis=self.dev.axis_of(self.group))
         return result
 
 

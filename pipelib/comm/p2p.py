@@ -101,6 +101,8 @@ def post_send(tensor, peer: int, group, tag: int, label: str, fields: dict, chec
     """`isend` without the argument checks: `peer` is a *global* rank already validated (the
     collectives check their peers once per call, not once per message: chapter 06)."""
     dev = current()
+    if dev.axes:
+        fields = _with_axis(dev, group, fields)
     t_post = dev.clock.now()
     src = tensor.detach().contiguous()
     works, header = [], None
@@ -119,6 +121,8 @@ def post_send(tensor, peer: int, group, tag: int, label: str, fields: dict, chec
 def post_recv(tensor, peer: int, group, tag: int, label: str, fields: dict, check: bool) -> Handle:
     """`irecv` without the argument checks (see `post_send`)."""
     dev = current()
+    if dev.axes:
+        fields = _with_axis(dev, group, fields)
     buf = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
     works, header, header_work = [], None, None
     if dev.modelled or check:
@@ -128,6 +132,12 @@ def post_recv(tensor, peer: int, group, tag: int, label: str, fields: dict, chec
         works.append(dist.irecv(buf, peer, group=group, tag=2 * tag))
     return Handle(dev, "recv", tensor, buf, peer, group, tag, works, header, header_work,
                   dev.clock.now(), label, fields)
+
+
+def _with_axis(dev, group, fields: dict) -> dict:
+    """The event fields plus the mesh axis of `group` (`Event.axis`), when it has one."""
+    axis = dev.axis_of(group)
+    return fields if axis is None else {**fields, "axis": axis}
 
 
 def send(tensor: torch.Tensor, dst: int, group=None, **kw) -> None:

@@ -19,7 +19,7 @@ Introduced in chapter 04.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipelib.costmodel import DeviceProfile, get_profile
 from pipelib.runtime.beacon import Activity
@@ -61,21 +61,26 @@ class Device:
     """One rank's device: its clock, tracer, memory tracker and activity beacon."""
 
     def __init__(self, rank: int = 0, world_size: int = 1, spec: DeviceSpec | None = None,
-                 epoch: float | None = None, activity_path: str | None = None):
+                 epoch: float | None = None, activity_path: str | None = None, *, trace: bool = True):
         spec = spec or DeviceSpec()
         self.rank, self.world_size, self.kind = rank, world_size, spec.kind
         self.profile: DeviceProfile = get_profile(spec.profile)
         self.modelled = spec.kind == "sim"
         self.clock = VirtualClock() if (self.modelled and spec.clock == "virtual") else WallClock(epoch)
-        self.tracer = Tracer(rank)
+        self.tracer = Tracer(rank, enabled=trace)
         self.spec = spec
         self.memory = self.fresh_memory()
         self.activity = Activity(activity_path)
         self.comm_counts: dict[str, int] = {}  # pipelib.comm.message.device_counters: bytes, messages
         self.outstanding: dict = {}  # pipelib.comm.message.Handle: posted, not yet waited, by id
         self.scratch: dict = {}      # pipelib.comm.ring.scratch_buffer: receive buffers kept, by dtype
-        self.groups: dict = {}       # process groups a strategy made once and reuses, by its own key
+        self.groups: dict = {}       # process groups made once (pipelib.runtime.mesh), by key
+        self.axes: dict = {}         # id(process group) -> its mesh axis, for Event.axis
         self.torch_device = self._torch_device()
+
+    def axis_of(self, group) -> str | None:
+        """The mesh axis ("dp", "tp", ...) whose group this is, or None (`runtime.mesh`)."""
+        return self.axes.get(id(group)) if self.axes else None
 
     def fresh_memory(self) -> MemoryTracker:
         """An empty tracker with the current one's capacity and activation tracking (the
@@ -112,6 +117,58 @@ class Device:
             yield clock
         finally:
             self.clock = compute
+
+    @contextlib.contextmanager
+    def measure(self, *, fresh_memory: bool = False):
+        """Measure what this rank does inside the block: a `Measurement` filled in on exit.
+
+        The one owner of measurement (DESIGN.md section 7): the clock span, the bytes and
+        messages sent and received (differences of the device's counters, never a reset), and
+        the peak memory inside the block. Scopes nest: an inner scope sees its own peak, and
+        the outer one still sees the highest of both. `fresh_memory=True` counts the block on
+        an empty tracker (a new model: no pointers or gradients of an earlier one), with the
+        same capacity, and puts the device's own tracker back afterwards. Strategies never
+        reset counters or replace the tracker: the trainer (or a chapter's runner) opens one
+        scope per step."""
+        from pipelib.comm.message import device_counters
+
+        counts = device_counters(self)
+        before = dict(counts)
+        outer = self.memory
+        if fresh_memory:
+            self.memory = self.fresh_memory()
+        mem = self.memory
+        old_peak, mem.peak = mem.peak, mem.total
+        m = Measurement(start=self.clock.now(), base_bytes=mem.total)
+        try:
+            yield m
+        finally:
+            m.end = self.clock.now()
+            m.bytes_sent = counts["bytes_sent"] - before["bytes_sent"]
+            m.bytes_received = counts["bytes_received"] - before["bytes_received"]
+            m.messages_sent = counts["messages_sent"] - before["messages_sent"]
+            m.peak_bytes = mem.peak
+            m.memory = dict(mem.bytes)
+            mem.peak = max(old_peak, mem.peak)
+            if fresh_memory:
+                self.memory = outer
+
+    @contextlib.contextmanager
+    def overrides(self, *, profile=None, capacity: int | None = None):
+        """Use another device profile (a name or `DeviceProfile`) and/or memory capacity inside
+        the block, and the device's own again afterwards, whatever happens (chapter 07's
+        what-if links; chapter 14's small device that runs out of memory)."""
+        before_profile, mem = self.profile, self.memory
+        before_capacity = mem.capacity
+        if profile is not None:
+            self.profile = get_profile(profile)
+        if capacity is not None:
+            mem.capacity = capacity
+        try:
+            yield self
+        finally:
+            self.profile = before_profile
+            mem.capacity = before_capacity
 
     def reset(self) -> None:
         """Start a new measurement: clock to 0 (virtual) and an empty trace."""
@@ -163,6 +220,31 @@ class Device:
             self.clock.wait_until(self.clock.now() + duration)
 
 
+@dataclass
+class Measurement:
+    """What one `Device.measure()` scope saw on this rank (filled in when the scope closes).
+
+    time:        seconds on this device's clock (virtual on "sim", wall on "cpu"/"cuda")
+    bytes_sent:  payload bytes this rank sent (headers are machinery, not data)
+    peak_bytes:  the most memory the tracker held at any moment of the scope, all categories
+    base_bytes:  what it held when the scope opened (parameters and buffers, typically)
+    memory:      bytes by category when the scope closed
+    """
+
+    start: float
+    end: float | None = None
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    peak_bytes: int = 0
+    base_bytes: int = 0
+    memory: dict = field(default_factory=dict)
+
+    @property
+    def time(self) -> float:
+        return (self.end if self.end is not None else self.start) - self.start
+
+
 def _compute_text(label: str, stage, microbatch) -> str:
     return (f"compute {label}" + (f" stage {stage}" if stage is not None else "")
             + (f" microbatch {microbatch}" if microbatch is not None else ""))
@@ -197,18 +279,44 @@ class _Measured:
         return False
 
 
-_CURRENT: Device | None = None
+class _Slot:
+    """Where this process keeps its Device: one attribute of one object (no module global is
+    rebound), set by the cluster's engine or `set_current`."""
+
+    device: Device | None = None
+
+
+_SLOT = _Slot()
 
 
 def current() -> Device:
-    """The Device of this process (set up on every engine when a Cluster starts)."""
-    global _CURRENT
-    if _CURRENT is None:
-        _CURRENT = Device()
-    return _CURRENT
+    """The Device of this process.
+
+    On the book's engines it is set up when the Cluster starts. Anywhere else (a library user's
+    torchrun or torch.multiprocessing job, a test) it is the real device, made on first use:
+    this rank's GPU under NCCL (or with no process group) when CUDA is available, else the CPU, with real time, no simulated capacity,
+    and measurement off (no events recorded, no activation hooks) until asked for with
+    `set_current(Device(..., DeviceSpec("cpu", track_memory=True)))`. Never a simulated toy GPU
+    nobody asked for."""
+    dev = _SLOT.device
+    if dev is None:
+        dev = _SLOT.device = _real_device()
+    return dev
 
 
-def set_current(device: Device) -> Device:
-    global _CURRENT
-    _CURRENT = device
+def _real_device() -> Device:
+    import torch
+    import torch.distributed as dist
+
+    up = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if up else (0, 1)
+    # a gloo job runs on CPU tensors even on a GPU machine; NCCL (or no process group) on the GPU
+    cuda = torch.cuda.is_available() and (not up or "nccl" in str(dist.get_backend()))
+    spec = DeviceSpec("cuda" if cuda else "cpu", track_memory=False)
+    return Device(rank, world, spec, trace=False)
+
+
+def set_current(device: Device | None) -> Device | None:
+    """Make `device` this process's Device (None: back to the real device, made on next use)."""
+    _SLOT.device = device
     return device
