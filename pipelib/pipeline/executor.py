@@ -162,11 +162,14 @@ class _Messages:
                 {"stage": from_stage, "microbatch": microbatch}, self.check))
 
 
-def _run(io: _Messages, mine: dict, xs, ys, loss_fn: Callable, costs, dev) -> tuple[list, int]:
+def _run(io: _Messages, mine: dict, xs, ys, loss_fn: Callable, costs, dev,
+         stage_done: Callable | None = None) -> tuple[list, int]:
     """Run this rank's actions in order: (the last stage's microbatch losses, peak activation
-    bytes above what was held before the step)."""
+    bytes above what was held before the step). `stage_done(stage)` runs once a stage's last
+    weight gradient of the step is in (its m-th B or W)."""
     m, ahead, post, take, give = io.s.num_microbatches, io.ahead, io.post, io.take, io.give
     base, peak, losses = dev.memory.bytes["activations"], 0, []
+    weights_left = dict.fromkeys(mine, m)  # B or W actions still to run, by stage
     for a in io.acts:
         post(ahead)  # the next receives flow while this action computes
         st, j = mine[a.stage], a.microbatch
@@ -189,6 +192,10 @@ def _run(io: _Messages, mine: dict, xs, ys, loss_fn: Callable, costs, dev) -> tu
         else:
             with dev.compute("W", stage=a.stage, microbatch=j, duration=duration):
                 st.backward_weight(j)
+        if a.op in (Op.B, Op.W):
+            weights_left[a.stage] -= 1
+            if weights_left[a.stage] == 0 and stage_done is not None:
+                stage_done(a.stage)
     return losses, peak
 
 
@@ -210,7 +217,7 @@ def _my_stages(s: Schedule, stages, rank: int, size: int) -> dict | None:
 # ----------------------------------------------------------------------------- the executor
 def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group=None, *,
             costs=None, stats: dict | None = None, shapes: dict | None = None,
-            recv_ahead: int = 2, check: bool = False):
+            recv_ahead: int = 2, check: bool = False, stage_done: Callable | None = None):
     """Run this rank's actions of `schedule` once: one training step's forward and backward.
 
     `stages`: this rank's `Stage`s (those `schedule.stages_of(rank)` names). `batch` is needed
@@ -241,6 +248,9 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     always send it: it carries the timestamp). The shape handshake already agreed every buffer's
     shape, so it is off by default: the header costs one more message and a wait per transfer
     (bench/pipelines.py measures it); turn it on for stages whose output shape can change.
+    `stage_done(stage)`: called once per stage of this rank, as soon as that stage's last weight
+    gradient of the step is in (torch's pipelining IR calls this point REDUCE_GRAD): data
+    parallelism reduces the stage's gradients there, while later stages still compute.
 
     Returns the loss (a 0-dim tensor) on the rank of the last stage, None elsewhere.
     """
@@ -260,7 +270,7 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     # a step allocates none; a buffer is free again once its step ended (every B/W ran)
     bufs = {} if shapes is None else shapes.setdefault(("buffers", s, rank), {})
     io = _Messages(s, rank, group, in_spec, out_spec, bufs, recv_ahead, check)
-    losses, peak = _run(io, mine, xs, ys, loss_fn, costs, dev)
+    losses, peak = _run(io, mine, xs, ys, loss_fn, costs, dev, stage_done)
     comms.wait_all(io.sends)
     if stats is not None:
         stats.update(peak_activation_bytes=peak if dev.memory.track_activations else None,
