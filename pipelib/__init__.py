@@ -11,12 +11,15 @@ trace, alphabeta, viz) starts no process and never imports torch.distributed; th
 layer uses torch and process groups.
 
 Submodules are imported on first use, so `import pipelib` stays cheap on engines and in tests:
-`pipelib.Cluster` is `pipelib.runtime.cluster.Cluster`.
+`pipelib.Cluster` is `pipelib.runtime.cluster.Cluster`. Every other name is imported from the
+module that defines it (`from pipelib.comm.p2p import send`).
 """
+from types import MappingProxyType
+
 from pipelib._lazy import lazy
 
 __version__ = "0.1.0"
 
-API: dict[str, str] = {"Cluster": "runtime.cluster"}
+API = MappingProxyType({"Cluster": "runtime.cluster"})
 __all__ = sorted(API)
 __getattr__, __dir__ = lazy(__name__, API)

@@ -17,59 +17,6 @@ Chapters: point-to-point and the ping-pong lab in chapter 05 (`p2p` itself from 
 the collectives and the alpha-beta predictions in chapter 06; the pipelines of chapters 10-13
 send their activations and gradients with `p2p`.
 
-The runtime layer (DESIGN.md section 2), except `alphabeta`. Importing this package imports
-nothing; each name below is imported from its module on first use.
+The runtime layer (DESIGN.md section 2), except `alphabeta` (pure). Import each name from its
+module (`from pipelib.comm.p2p import send`); importing the package imports nothing.
 """
-from pipelib._lazy import lazy
-
-API: dict[str, str] = {
-    "isend": "p2p",
-    "irecv": "p2p",
-    "send": "p2p",
-    "recv": "p2p",
-    "wait_all": "p2p",
-    "P2POp": "p2p",
-    "batch_isend_irecv": "p2p",
-    "sendrecv": "p2p",
-    "counters": "p2p",
-    "reset_counters": "p2p",
-    "post_send": "p2p",
-    "post_recv": "p2p",
-    "Handle": "message",
-    "DTYPES": "message",
-    "DTYPE_CODE": "message",
-    "MessageMismatchError": "message",
-    "broadcast": "collectives",
-    "reduce": "collectives",
-    "all_reduce_naive": "collectives",
-    "all_reduce": "collectives",
-    "reduce_scatter": "collectives",
-    "all_gather": "collectives",
-    "all_to_all": "collectives",
-    "all_reduce_halving_doubling": "algorithms",
-    "all_reduce_hierarchical": "algorithms",
-    "gather_tree": "algorithms",
-    "scatter_tree": "algorithms",
-    "barrier": "algorithms",
-    "SEGMENT_BYTES": "ring",
-    "DEPTH": "ring",
-    "check_same": "agreement",
-    "CollectiveMismatchError": "agreement",
-    "NAMES": "alphabeta",
-    "OPS": "alphabeta",
-    "chunk_sizes": "alphabeta",
-    "expected_bytes": "alphabeta",
-    "predicted_time": "alphabeta",
-    "predict_collectives": "alphabeta",
-    "message_times": "alphabeta",
-    "fit_alpha_beta": "alphabeta",
-    "compare": "alphabeta",
-    "pingpong": "lab",
-    "ring_shift": "lab",
-    "measure_collective": "lab",
-    "reduce_rate": "lab",
-    "overlap_demo": "lab",
-    "exchange": "lab",
-}
-__all__ = sorted(API)
-__getattr__, __dir__ = lazy(__name__, API)

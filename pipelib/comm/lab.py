@@ -175,14 +175,14 @@ def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: i
     import torch
     import torch.distributed as dist
 
-    from pipelib import comm as C  # every collective of alphabeta.NAMES, by name
+    from pipelib.comm import algorithms, collectives  # every collective of alphabeta.NAMES
     from pipelib.runtime.device import current
 
     check_name(name)
     if dist.get_rank(group) < 0:
         return None
     dev, n = current(), dist.get_world_size(group)
-    fn = getattr(C, name)
+    fn = getattr(collectives, name, None) or getattr(algorithms, name)  # by name
     sizes = [max(int(s) // 4, 1) for s in sizes]
     if builtin and name in ("reduce_scatter", "all_to_all"):
         sizes = [max(s // n, 1) * n for s in sizes]

@@ -29,69 +29,7 @@
 Chapter 07 (DDP: `replicas` to `efficiency`) and chapter 08 (ZeRO 1/2/3, FSDP, DeepSpeed: `zero`
 to `zero_bench`, and `replicas`).
 
-The runtime layer (DESIGN.md section 2), except `buckets`, `efficiency` and `zero_formulas`. Importing this
-package imports nothing; each name below is imported from its module on first use.
+The runtime layer (DESIGN.md section 2), except `buckets`, `efficiency` and `zero_formulas`
+(pure). Import each name from its module (`from pipelib.data_parallel.ddp import DDP`);
+importing the package imports nothing.
 """
-from pipelib._lazy import lazy
-
-API: dict[str, str] = {
-    "check_same_parameters": "replicas",
-    "broadcast_parameters": "replicas",
-    "Bucket": "buckets",
-    "plan_buckets": "buckets",
-    "check_bucket_bytes": "buckets",
-    "ring_bytes_per_rank": "buckets",
-    "CommStream": "overlap",
-    "CommWork": "overlap",
-    "BackwardTimer": "overlap",
-    "COMMS": "overlap",
-    "AllReduceGrads": "ddp",
-    "BucketedGrads": "ddp",
-    "OverlappedGrads": "ddp",
-    "DDP": "ddp",
-    "DEFAULT_BUCKET_BYTES": "ddp",
-    "STEPS": "runner",
-    "run_ddp": "runner",
-    "ddp_train": "runner",
-    "reference_step": "runner",
-    "global_batch": "runner",
-    "build_model": "runner",
-    "run_versus": "versus",
-    "versus_steps": "versus",
-    "DDPStep": "efficiency",
-    "ddp_step_model": "efficiency",
-    "all_reduce_time": "efficiency",
-    "scaled_profile": "efficiency",
-    "two_ranks_slower": "efficiency",
-    "crossover_params": "efficiency",
-    "step_parts": "efficiency",
-    "ZeRO": "zero",
-    "FlatUnit": "zero_units",
-    "build_units": "zero_units",
-    "layer_units": "zero_units",
-    "STAGES": "zero_formulas",
-    "ADAM_STEP_BYTES": "zero_formulas",
-    "check_stage": "zero_formulas",
-    "element_bytes": "zero_formulas",
-    "padded_numel": "zero_formulas",
-    "zero_state_bytes": "zero_formulas",
-    "zero_comm_bytes": "zero_formulas",
-    "milestone_table": "zero_formulas",
-    "zero_train": "zero_runner",
-    "train_zero": "zero_runner",
-    "reference_adam": "zero_runner",
-    "zero_model": "zero_runner",
-    "zero_batches": "zero_runner",
-    "zero_loss": "zero_runner",
-    "check_world": "zero_runner",
-    "MasterWeightAdam": "mixed_precision",
-    "fsdp_train": "fsdp_twin",
-    "train_fsdp": "fsdp_twin",
-    "run_deepspeed": "deepspeed_twin",
-    "deepspeed_config": "deepspeed_twin",
-    "config_json": "deepspeed_twin",
-    "zero_bench_setup": "zero_bench",
-    "zero_bench_step": "zero_bench",
-}
-__all__ = sorted(API)
-__getattr__, __dir__ = lazy(__name__, API)

@@ -27,38 +27,6 @@ Conventions (say them, or the numbers mean nothing):
   and bandwidth, not from a datasheet.
 
 Chapters: all of it in chapter 01; the ping-pong returns in chapter 05 (`pipelib.comm.lab`), which
-fits the alpha-beta model. Importing this package imports nothing (chapter 01 does
-`from pipelib import hardware as hw` and then `hw.best_time`); each name below is imported from
-its module on first use.
+fits the alpha-beta model. Import each name from its module
+(`from pipelib.hardware.machine import best_time`); importing the package imports nothing.
 """
-from pipelib._lazy import lazy
-
-API: dict[str, str] = {
-    "MachineInfo": "machine",
-    "machine_info": "machine",
-    "CpuSharing": "machine",
-    "cpu_sharing": "machine",
-    "num_threads": "machine",
-    "synchronize": "machine",
-    "best_time": "machine",
-    "SOFTMAX_FLOPS_PER_ELEMENT": "compute",
-    "measure_matmul": "compute",
-    "measure_softmax": "compute",
-    "measure_attention": "compute",
-    "measure_stream": "bandwidth",
-    "read_bandwidth_curve": "bandwidth",
-    "FileRead": "storage",
-    "file_read_bandwidth": "storage",
-    "http_roundtrip": "network",
-    "pingpong_times": "network",
-    "LinkMeasurement": "network",
-    "summarize_pingpong": "network",
-    "MeasuredOp": "roofline",
-    "Roofline": "roofline",
-    "Published": "published",
-    "PUBLISHED": "published",
-    "fmt": "published",
-    "comparison_markdown": "published",
-}
-__all__ = sorted(API)
-__getattr__, __dir__ = lazy(__name__, API)

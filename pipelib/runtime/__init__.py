@@ -10,39 +10,15 @@
 - `device`: `DeviceSpec` and `Device`, one per rank (`current()`): sim, cpu or cuda;
 - `clocks`: the virtual clock (modelled, deterministic) and the wall clock;
 - `memtrack`: `MemoryTracker`, bytes by category and saved activations, against a capacity;
-- `beacon`: `Activity`, what a rank is doing, readable while it is stuck.
+- `beacon`: `Activity`, what a rank is doing, readable while it is stuck;
+- `mesh`: `Mesh`, the process groups of a `Topology`, made once per engine (the only
+  `new_group` caller); strategies take one of its groups as an argument.
 
 Chapters: the cluster from chapter 04 on (every chapter that runs on ranks); devices and
 clocks in chapter 04; the memory tracker in chapters 10-13 (activation memory of each
-schedule); the beacon in every error that names what a rank was doing (chapters 05, 06, 12).
+schedule); the beacon in every error that names what a rank was doing (chapters 05, 06, 12);
+the mesh from chapter 15 on (the one-strategy chapters use a 1-axis mesh, `Mesh.first`).
 
-The runtime layer (DESIGN.md section 2): torch and process groups. Importing this package
-imports nothing; each name below is imported from its module on first use.
+The runtime layer (DESIGN.md section 2): torch and process groups. Import each name from its
+module (`from pipelib.runtime.device import current`); importing the package imports nothing.
 """
-from pipelib._lazy import lazy
-
-API: dict[str, str] = {
-    "Cluster": "cluster",
-    "StartupProgress": "progress",
-    "MAX_WORLD_SIZE": "args",
-    "DEFAULT_TIMEOUT": "args",
-    "validate_args": "args",
-    "ClusterError": "errors",
-    "RankError": "errors",
-    "RankDiedError": "errors",
-    "RankTimeoutError": "errors",
-    "LiveClusters": "registry",
-    "Device": "device",
-    "DeviceSpec": "device",
-    "DEVICE_KINDS": "device",
-    "current": "device",
-    "set_current": "device",
-    "CLOCKS": "clocks",
-    "VirtualClock": "clocks",
-    "WallClock": "clocks",
-    "MemoryTracker": "memtrack",
-    "SimulatedOutOfMemoryError": "memtrack",
-    "Activity": "beacon",
-}
-__all__ = sorted(API)
-__getattr__, __dir__ = lazy(__name__, API)

@@ -21,54 +21,7 @@ outside to the unaware model (chapter 09).
   milestone (`tp_milestone`), activation memory with and without sequence parallelism
   (Korthikanti's, and pipelib's block op by op).
 
-Chapter 09. Runtime layer except `plan` and `formulas` (pure). Importing this package imports
-nothing; each name below is imported from its module on first use.
+Chapter 09. Runtime layer except `plan` and `formulas` (pure). Import each name from its module
+(`from pipelib.tensor_parallel.layers import ColumnParallelLinear`); importing the package
+imports nothing.
 """
-from pipelib._lazy import lazy
-
-API: dict[str, str] = {
-    "TPComm": "ops",
-    "copy_to_tp": "ops",
-    "reduce_from_tp": "ops",
-    "gather_sequence": "ops",
-    "scatter_sequence": "ops",
-    "ColumnParallelLinear": "layers",
-    "RowParallelLinear": "layers",
-    "parallel_mlp": "layers",
-    "parallel_attention": "layers",
-    "tp_shard_rows": "layers",
-    "VocabParallelEmbedding": "vocab",
-    "VocabParallelHead": "vocab",
-    "PositionShard": "vocab",
-    "vocab_parallel_cross_entropy": "vocab",
-    "STYLES": "plan",
-    "gpt_tp_plan": "plan",
-    "validate_plan": "plan",
-    "check_sequence_divisible": "plan",
-    "apply_tensor_parallel": "apply",
-    "sync_sequence_grads": "apply",
-    "tp_full_gradients": "apply",
-    "tp_unshard": "apply",
-    "tp_group": "step",
-    "tp_batch": "step",
-    "tp_forward": "step",
-    "build_tp_gpt": "step",
-    "tp_train_step": "step",
-    "tp_reference_step": "step",
-    "tp_train": "step",
-    "tp_blocks_step": "dtensor_twin",
-    "dtensor_tp_blocks_step": "dtensor_twin",
-    "dtensor_tp_gpt_step": "dtensor_twin",
-    "tp_blocks_reference": "dtensor_twin",
-    "timed_tp_steps": "dtensor_twin",
-    "tp_all_reduce_bytes": "formulas",
-    "tp_layer_bytes": "formulas",
-    "tp_step_counts": "formulas",
-    "TPCounts": "formulas",
-    "tp_milestone": "formulas",
-    "TPMilestone": "formulas",
-    "tp_activation_bytes": "formulas",
-    "tp_layer_activation_bytes": "formulas",
-}
-__all__ = sorted(API)
-__getattr__, __dir__ = lazy(__name__, API)

@@ -23,16 +23,19 @@
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
   span; or abstract units such as "units of F" for schedules costed in forward passes, with
-  `Units` and `time_title`), `nice_cuts` and `plain_number` for readable slider stops, rounding to what an axis shows, the play button and slider of every animation (nothing
+  `Units` and `time_title`), `nice_cuts` and `plain_number` for readable slider stops,
+  rounding to what an axis shows, the play button and slider of every animation (nothing
   autoplays: a figure shows its final state until the reader presses play).
 
-The pure layer (DESIGN.md section 2): plotly and `pipelib.trace`, never torch.distributed nor
-the runtime. Importing this package imports nothing; each name below is imported from its
-module on first use.
+The pure layer (DESIGN.md section 2): plotly and `pipelib.trace`, never torch nor the runtime.
+Importing this package imports nothing; each name below is imported from its module on first
+use (`pipelib.viz.timeline_figure`), and `API` says which module that is.
 """
+from types import MappingProxyType
+
 from pipelib._lazy import lazy
 
-API: dict[str, str] = {
+API = MappingProxyType({
     "roofline_figure": "hardware",
     "bandwidth_figure": "hardware",
     "timeline_figure": "timeline",
@@ -72,6 +75,6 @@ API: dict[str, str] = {
     "figure_bundle": "display",
     "show": "display",
     "show_source": "display",
-}
+})
 __all__ = sorted(API)
 __getattr__, __dir__ = lazy(__name__, API)
