@@ -24,10 +24,15 @@ class StepResult:
 
     loss:   the step's loss on the rank that computes it (a pipeline's last stage), else None.
     grads:  this rank's gradients under the single-process model's parameter names.
-    stats:  what the runner measured (execute's peaks and bytes, ...); empty when not asked.
-    times:  seconds per step when the step was timed (`timed_steps`), else ().
+    stats:  what else a chapter's runner measured, under its own names (buckets, logits, ...).
+    times:  seconds per step when the step was timed, else (): on the device's clock under the
+            trainer (`pipelib.trainer`: virtual on a simulated device, wall on real ones).
     losses: one float per optimizer step of a training run (on the loss rank), else ().
     params: this rank's parameters after the run's optimizer steps, when it took any.
+
+    Measured by the trainer's `Device.measure()` scopes, one meaning each:
+    peak_bytes: the most memory this rank's tracker held during the run (all categories).
+    bytes_sent: payload bytes this rank sent, one entry per step.
     """
 
     loss: object = None
@@ -36,6 +41,8 @@ class StepResult:
     times: tuple[float, ...] = ()
     losses: tuple[float, ...] = ()
     params: Mapping[str, object] | None = None
+    peak_bytes: int | None = None
+    bytes_sent: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,9 +103,14 @@ def _close(got: dict, want: Mapping, what: str, exact: bool, rtol, atol) -> floa
 
 def check_against_reference(results: Sequence[StepResult | None], ref_loss=None,
                             ref_grads: Mapping | None = None, *, ref_params: Mapping | None = None,
+                            ref_losses: Sequence[float] | None = None,
                             shared: Collection[str] | bool = (), exact: bool = False,
                             rtol: float | None = None, atol: float | None = None) -> Agreement:
     """Assert the ranks' results equal the single-process reference; return what was checked.
+
+    The reference is a `StepResult` (`pipelib.recipe.Recipe.reference()`), whose loss, grads,
+    params and per-step losses are all checked, or its parts given one by one. With
+    `ref_losses`, the loss rank's `losses` (one per step) equal them too.
 
     `results` is a list per rank (None for a rank with no work). With `ref_loss`, exactly one
     rank returns a loss and it equals `ref_loss`. With `ref_grads` ({name: gradient}), the
@@ -109,6 +121,11 @@ def check_against_reference(results: Sequence[StepResult | None], ref_loss=None,
     """
     import torch
 
+    if isinstance(ref_loss, StepResult):
+        ref = ref_loss
+        ref_loss, ref_grads = ref.loss, ref.grads if ref_grads is None else ref_grads
+        ref_params = ref.params if ref_params is None else ref_params
+        ref_losses = (ref.losses or None) if ref_losses is None else ref_losses
     if not any(r is not None for r in results):
         raise ValueError("no rank returned a result: did the step run on ranks outside the group?")
     losses = [r.loss for r in results if r is not None and r.loss is not None]
@@ -118,6 +135,14 @@ def check_against_reference(results: Sequence[StepResult | None], ref_loss=None,
         ref = torch.as_tensor(ref_loss)
         got = torch.as_tensor(losses[0]).to(ref.dtype)
         worst = max(worst, _close({"loss": got}, {"loss": ref}, "loss", exact, rtol, atol))
+    if ref_losses is not None:
+        got = [r.losses for r in results if r is not None and r.losses]
+        assert len(got) == 1, f"expected one rank to return the per-step losses, got {len(got)}"
+        assert len(got[0]) == len(ref_losses), (
+            f"losses: {len(got[0])} steps, the reference has {len(ref_losses)}")
+        worst = max(worst, _close({"losses": torch.tensor(got[0], dtype=torch.float64)},
+                                  {"losses": torch.tensor(list(ref_losses), dtype=torch.float64)},
+                                  "per-step", exact, rtol, atol))
     grads = gather(results, "grads", shared=shared)
     n = 0
     if ref_grads is not None:

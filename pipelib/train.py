@@ -122,3 +122,18 @@ class SavedActivations:
 
     def __exit__(self, *exc):
         return self._hooks.__exit__(*exc)
+
+
+def train_steps(model, batches, optimizer, loss_fn) -> tuple[list[float], dict]:
+    """The plainest loop, one optimizer step per (x, y) of `batches`: (every step's loss, the
+    last step's gradients by parameter name). `pipelib.recipe.Recipe.reference` runs on it: the
+    single process every parallel strategy is checked against (chapter 15)."""
+    losses, grads = [], {}
+    for x, y in batches:
+        loss = loss_fn(model, x, y)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, grads

@@ -1,0 +1,270 @@
+"""`parallelize(model, mesh, plan)`: every strategy applied from outside, in one fixed order.
+
+    plan = Plan(dp=2, tp=2)                                     # prints, round-trips through JSON
+    par = parallelize(recipe.build(), Mesh(plan.topology()), plan)
+    loss = par.forward_backward(x, y)                           # this rank's share of one step
+    par.unshard("grad")                                         # {monolith name: full gradient}
+
+The model is unaware of parallelism (nanoGPT's GPT). As torchtitan's `parallelize_llama`,
+this is the one place that sees the whole mesh; each strategy gets only its own group:
+
+1. pipeline: cut the model into `pp` stages between blocks (`pipeline.gpt.gpt_stages`) and keep
+   this rank's (its pp coordinate);
+2. tensor (and sequence) parallelism on `mesh["tp"]` (`apply_tensor_parallel`);
+3. context parallelism on `mesh["cp"]` (chapter 15 adds it to the whole model);
+4. activation recomputation (`apply_recompute`, no group);
+5. data parallelism over `mesh["dp"]`: one `DATA_PARALLEL` entry (DDP's buckets) wraps each
+   module this rank holds. Without a pipeline it reduces after the backward; inside a pipeline
+   it reduces each stage's gradients once per step, when the executor says that stage's last
+   backward is done (`execute(..., stage_done=)`, torch's REDUCE_GRAD).
+
+Every parameter this rank holds gets a `Placement` (its mesh axis and split dim, fused pieces,
+pipeline stage), and `unshard` uses them to put any layout back under the monolith's names.
+Introduced in chapter 15; the one-strategy chapters are 1-axis plans.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from pipelib.topology import DEFAULT_ORDER, Topology
+
+
+class DataParallelKind(NamedTuple):
+    """One way to reduce gradients over the dp axis: `wrap(module, group, plan)` returns an
+    object with `finish_gradients()` (the reduction) and `backward(loss)` (timed backward)."""
+
+    name: str
+    wrap: Callable
+    doc: str
+
+
+def _wrap_ddp(module, group, plan):
+    from pipelib.data_parallel.ddp import BucketedGrads
+
+    return BucketedGrads(module, group, bucket_bytes=plan.bucket_bytes)
+
+
+DATA_PARALLEL = {k.name: k for k in (
+    DataParallelKind("ddp", _wrap_ddp, "DDP's buckets, all-reduced once the gradients are in (chapter 07)"),
+)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The degrees of every axis and how each strategy is set: small, frozen, printable, JSON."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    data_parallel: str = "ddp"         # a key of DATA_PARALLEL
+    bucket_bytes: int = 25 << 20
+    sequence_parallel: bool = False
+    vocab_parallel: bool = True
+    schedule: str = "1f1b"             # a name in pipelib.pipeline.schedules' registry
+    microbatches: int = 2
+    recompute: str = "none"            # a policy of pipelib.recompute.policies
+    order: tuple[str, ...] = DEFAULT_ORDER
+
+    def __post_init__(self):
+        object.__setattr__(self, "order", tuple(self.order))
+        self.topology()  # degrees and order checked, errors name the values
+        if self.data_parallel not in DATA_PARALLEL:
+            raise ValueError(f"Plan: data_parallel={self.data_parallel!r}; use one of {list(DATA_PARALLEL)}")
+        if self.cp > 1:
+            raise ValueError(f"Plan: cp={self.cp}: context parallelism of the whole model is not composed "
+                             f"yet (chapter 17 runs it on attention alone); use cp=1")
+        if self.tp > 1 and self.pp > 1:
+            raise ValueError(f"Plan: tp={self.tp} with pp={self.pp}: tensor parallelism inside pipeline "
+                             f"stages comes with chapter 15; use one of them with dp")
+
+    def topology(self) -> Topology:
+        return Topology(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, order=self.order)
+
+    def check(self, recipe, world_size: int | None = None) -> None:
+        """Every check that needs no engine: the plan against the recipe and the cluster."""
+        from pipelib.model import GPTConfig
+
+        if world_size is not None:
+            self.topology().check_world(world_size)
+        rows = recipe.batch_size // self.dp
+        if recipe.batch_size % self.dp or rows % (self.microbatches if self.pp > 1 else 1):
+            raise ValueError(f"Plan: batch_size={recipe.batch_size} does not split into dp={self.dp} ranks"
+                             + (f" x {self.microbatches} microbatches" if self.pp > 1 else "")
+                             + f"; use a multiple of {self.dp * (self.microbatches if self.pp > 1 else 1)}")
+        if (self.tp > 1 or self.pp > 1) and not isinstance(recipe.model, GPTConfig):
+            raise ValueError("Plan: tp and pp split the GPT's blocks; use a GPTConfig recipe")
+        if self.pp > 1 and recipe.model.n_layer < self.pp:
+            raise ValueError(f"Plan: pp={self.pp} stages but the GPT has n_layer={recipe.model.n_layer} "
+                             f"blocks; every stage needs one: use n_layer >= {self.pp}")
+
+    def __str__(self) -> str:
+        degrees = " x ".join(f"{a}={getattr(self, a)}" for a in ("dp", "tp", "pp", "cp") if getattr(self, a) > 1)
+        extra = [self.data_parallel] if self.dp > 1 else []
+        extra += [f"{self.schedule}, m={self.microbatches}"] if self.pp > 1 else []
+        extra += ["sequence parallel"] if self.sequence_parallel and self.tp > 1 else []
+        extra += [f"recompute {self.recompute}"] if self.recompute != "none" else []
+        return f"Plan({degrees or '1 rank'}{': ' + '; '.join(extra) if extra else ''})"
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["order"] = list(self.order)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        known = {f.name for f in dataclasses.fields(cls)}
+        if set(d) - known:
+            raise ValueError(f"Plan.from_dict: unknown keys {sorted(set(d) - known)}; use some of {sorted(known)}")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one parameter of the monolith lives: the axis that splits it (None: replicated),
+    the split dim and fused pieces (q, k, v), and its pipeline stage (None: no pipeline)."""
+
+    axis: str | None = None
+    dim: int | None = None
+    fused: int = 1
+    stage: int | None = None
+
+
+class Parallel:
+    """This rank's part of a parallelized model, and how to run and gather one step."""
+
+    def __init__(self, model, mesh, plan, modules, stages=None, schedule=None):
+        self.model, self.mesh, self.plan = model, mesh, plan
+        self.modules, self.stages, self.schedule = modules, stages, schedule
+        self.reducers: list = []
+        self.placements: dict[str, Placement] = {}
+
+    def parameters(self) -> list[nn.Parameter]:
+        seen, out = set(), []
+        for m in self.modules:
+            for p in m.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    def forward_backward(self, x, y):
+        """One step's forward and backward on this rank's rows, gradients reduced over every
+        axis; the loss of this rank's rows where it is computed (the last stage), else None."""
+        from pipelib.runtime.device import current
+
+        if self.stages is not None:
+            return self._pipeline_step(x, y)
+        dev = current()
+        with dev.compute("F"):
+            loss = self._loss(x, y)
+        if self.reducers:
+            self.reducers[0].backward(loss)
+        else:
+            with dev.compute("B"):
+                loss.backward()
+        if self.plan.tp > 1:
+            from pipelib.tensor_parallel.apply import sync_sequence_grads
+
+            sync_sequence_grads(self.model)
+        for r in self.reducers:
+            r.finish_gradients()
+        return loss.detach()
+
+    def _loss(self, x, y):
+        if self.plan.tp > 1:
+            from pipelib.tensor_parallel.step import tp_forward
+
+            return tp_forward(self.model, x, y)[1]
+        from pipelib.recipe import loss_of
+
+        return loss_of(self.model, x, y)
+
+    def _pipeline_step(self, x, y):
+        from pipelib.model import cross_entropy
+        from pipelib.pipeline.executor import execute
+        from pipelib.pipeline.gpt import sum_tied_grads, tied_ranks
+
+        by_stage = dict(zip((st.index for st in self.stages), self.reducers))
+        done = (lambda k: by_stage[k].finish_gradients()) if by_stage else None
+        loss = execute(self.schedule, self.stages, x, y, cross_entropy, self.mesh["pp"], stage_done=done)
+        first, last = tied_ranks(self.schedule)
+        sum_tied_grads(self.model.embed.wte.weight, self.schedule, self.mesh["pp"],
+                       self.mesh.tied_group(first, last))
+        return None if loss is None else loss.detach()
+
+    def unshard(self, what: str = "grad") -> dict[str, torch.Tensor]:
+        """{monolith name: tensor} of what this rank holds, whole: split parameters gathered
+        over their axis (torch's all-gather: the check, not the method), by `placements`."""
+        from pipelib.tensor_parallel.apply import tp_unshard
+
+        held = {id(p) for p in self.parameters()}
+        out = {}
+        for name, p in self.model.named_parameters():
+            if id(p) not in held:
+                continue
+            t = p.detach() if what == "data" else (p.grad if p.grad is not None else torch.zeros_like(p))
+            place = self.placements.get(name, Placement())
+            if place.axis is None:
+                out[name] = t.detach().clone()
+                continue
+            group = self.mesh[place.axis]
+            parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            out[name] = tp_unshard(parts, place.dim, place.fused)
+        return out
+
+    def close(self) -> None:
+        for r in self.reducers:
+            r.close()
+
+
+def parallelize(model: nn.Module, mesh, plan: Plan) -> Parallel:
+    """Apply `plan`'s strategies to `model` on this rank, in the fixed order of the module
+    docstring, each on its own group of `mesh`; return this rank's `Parallel`."""
+    modules, stages, schedule = [model], None, None
+    if plan.pp > 1:  # 1. pipeline stages
+        from pipelib.pipeline.gpt import gpt_stages
+        from pipelib.pipeline.stage import Stage
+        from pipelib.pipeline.step import resolve_schedule
+
+        schedule = resolve_schedule(plan.schedule, plan.pp, plan.microbatches)
+        cut = gpt_stages(model, schedule.num_stages)
+        stages = [Stage(cut[k], k, schedule.num_stages) for k in schedule.stages_of(mesh.local_rank("pp"))]
+        modules = [st.module for st in stages]
+    if plan.tp > 1:  # 2. tensor (and sequence) parallelism
+        from pipelib.tensor_parallel.apply import apply_tensor_parallel
+        from pipelib.tensor_parallel.plan import gpt_tp_plan
+
+        apply_tensor_parallel(model, mesh["tp"], gpt_tp_plan(vocab=plan.vocab_parallel,
+                                                             sequence_parallel=plan.sequence_parallel))
+    if plan.recompute != "none":  # 4. recomputation
+        from pipelib.recompute.policies import apply_recompute
+
+        for m in modules:
+            apply_recompute(m, plan.recompute)
+    par = Parallel(model, mesh, plan, modules, stages, schedule)
+    par.placements = _placements(model, plan, stages)
+    if plan.dp > 1:  # 5. data parallelism, last: it wraps what the others made
+        kind = DATA_PARALLEL[plan.data_parallel]
+        par.reducers = [kind.wrap(m, mesh["dp"], plan) for m in modules]
+    return par
+
+
+def _placements(model, plan, stages) -> dict[str, Placement]:
+    stage_of = {}
+    for st in stages or ():
+        for p in st.module.parameters():
+            stage_of.setdefault(id(p), st.index)
+    out = {}
+    for name, p in model.named_parameters():
+        dim = getattr(p, "tp_dim", None)
+        out[name] = Placement(axis="tp" if dim is not None and plan.tp > 1 else None, dim=dim,
+                              fused=getattr(p, "tp_fused", 1), stage=stage_of.get(id(p)))
+    return out

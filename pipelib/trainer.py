@@ -1,0 +1,98 @@
+"""One trainer for every plan: build, parallelize, train `steps` steps, measure, one StepResult.
+
+    results = run(cluster, Recipe(GPTConfig(), batch_size=8), Plan(dp=2, tp=2))
+    print(check_against_reference(results, recipe.reference(), shared=True))
+
+On every engine `train(recipe, plan)` builds the recipe's model (the same seed everywhere),
+hands it to `pipelib.parallelize.parallelize` with the plan's mesh, and runs the steps: this
+rank's rows of each global batch (`Recipe.batch` at its dp coordinate), forward and backward
+with every reduction, one optimizer step over what this rank holds. Measurement has one owner:
+the run is one `Device.measure(fresh_memory=True)` scope (a new model counted from zero) and
+each step one `Device.measure()` inside it, so `StepResult.times` is each step's time on the
+device's clock, `bytes_sent` each step's payload bytes, and `peak_bytes` the run's peak. No
+strategy resets a counter or touches the tracker.
+
+The reported loss of a step is the mean over the dp ranks of their rows' losses (a raw gloo
+all-reduce, off the trace), returned by one rank (dp = tp = 0, on the last pipeline stage).
+Gradients (the last step's, before its optimizer step) and parameters (after the last step) are
+gathered whole on every rank (`Parallel.unshard`), so `check_against_reference(...,
+shared=True)` also checks that replicas agree.
+
+Introduced in chapter 15.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from pipelib.results import StepResult
+
+
+def train(recipe, plan, *, mesh=None) -> StepResult | None:
+    """On every engine: train `recipe` under `plan`; this rank's StepResult (None off the grid)."""
+    from pipelib.parallelize import parallelize
+    from pipelib.runtime.device import current
+    from pipelib.runtime.mesh import Mesh
+
+    mesh = Mesh(plan.topology()) if mesh is None else mesh
+    if not mesh.contains:
+        return None
+    dev = current()
+    with dev.measure(fresh_memory=True) as run_scope:
+        par = parallelize(recipe.build(), mesh, plan)
+        params = par.parameters()
+        dev.memory.track_module(*par.modules)
+        opt = recipe.make_optimizer(params)
+        numel = sum(p.numel() for p in params)
+        dp_rank, losses, times, sent, grads = mesh.local_rank("dp"), [], [], [], {}
+        try:
+            for step in range(recipe.steps):
+                x, y = recipe.batch(step, dp_rank, plan.dp)
+                if not dev.modelled:
+                    dist.barrier()  # real devices: every rank starts the timed step together
+                with dev.measure() as m:
+                    loss = par.forward_backward(x, y)
+                    if step == recipe.steps - 1:
+                        grads = par.unshard("grad")  # torch's own gathers: no modelled time, no events
+                    with dev.compute("optimizer", nbytes=28 * numel):
+                        opt.step()  # Adam reads p, g, m, v and writes p, m, v: 28 bytes per fp32 parameter
+                    opt.zero_grad(set_to_none=False)
+                times.append(m.time)
+                sent.append(m.bytes_sent)
+                losses.append(_mean_loss(loss, mesh, par))
+        finally:
+            par.close()
+        final = par.unshard("data")
+    reports = _reports_loss(mesh, par)
+    return StepResult(loss=torch.tensor(losses[-1]) if reports else None, grads=grads, params=final,
+                      losses=tuple(losses) if reports else (), times=tuple(times), bytes_sent=tuple(sent),
+                      peak_bytes=run_scope.peak_bytes)
+
+
+def run(cluster, recipe, plan, *, reset: bool = True) -> list:
+    """Check `plan` against `recipe` and the cluster in the notebook, then train on every engine:
+    one StepResult per rank (None for ranks outside the plan's grid)."""
+    plan.check(recipe, cluster.world_size)
+    if reset:
+        cluster.reset()
+    return cluster.run(train, recipe, plan)
+
+
+def _reports_loss(mesh, par) -> bool:
+    c = mesh.coords
+    if par.schedule is not None:
+        from pipelib.pipeline.gpt import tied_ranks
+
+        return c.dp == 0 and c.tp == 0 and c.pp == tied_ranks(par.schedule)[1]
+    return c.dp == 0 and c.tp == 0
+
+
+def _mean_loss(loss, mesh, par) -> float:
+    """The global loss of a step: the mean of the dp ranks' losses (raw gloo, off the trace),
+    sent from the rank that computed it to the others of its pipeline (also raw)."""
+    value = torch.tensor([float(loss) if loss is not None else 0.0], dtype=torch.float64)
+    if par.schedule is not None and mesh.size("pp") > 1:
+        dist.all_reduce(value, group=mesh["pp"])  # one stage holds it, the others add 0
+    if mesh.size("dp") > 1:
+        dist.all_reduce(value, group=mesh["dp"])
+    return value.item() / mesh.size("dp")

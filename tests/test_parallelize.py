@@ -1,0 +1,83 @@
+"""Strategies composed through `parallelize` on 4 engines equal one process (3 optimizer steps),
+with the bytes of every mesh axis, read from the trace, equal to the formulas."""
+import json
+
+import pytest
+import torch
+
+from pipelib.comm.alphabeta import expected_bytes
+from pipelib.model import GPTConfig
+from pipelib.parallelize import Plan
+from pipelib.recipe import Recipe
+from pipelib.results import check_against_reference
+from pipelib.trainer import run
+
+GPT = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
+RECIPE = Recipe(GPT, batch_size=8, steps=3, lr=1e-2, dtype=torch.float64)
+
+
+def _all_reduce_bytes(numel, n, itemsize=8):
+    return sum(expected_bytes("all_reduce", (numel,), itemsize, n, r) for r in range(n))
+
+
+def test_dp2_tp2_equals_one_process_and_bytes_per_axis(cluster4):
+    from pipelib.tensor_parallel.formulas import tp_step_counts
+
+    plan = Plan(dp=2, tp=2)
+    results = run(cluster4, RECIPE, plan)
+    trace = cluster4.trace()
+    agreed = check_against_reference(results, RECIPE.reference(), shared=True)
+    assert agreed.num_tensors == 2 * len(RECIPE.reference().grads)
+    # dp: one bucket on each rank, its TP shard of the model, all-reduced once per step in each
+    # of the 2 dp groups (tp rank 0's and tp rank 1's, equal shards)
+    assert trace.bytes_sent(axis="dp") == RECIPE.steps * 2 * _all_reduce_bytes(_tp_shard_numel(GPT, 2), 2)
+    # tp: Megatron's collectives, forward and backward, per step and per tp group
+    rows = RECIPE.batch_size // 2
+    c = tp_step_counts(GPT.n_layer, rows, GPT.block_size, GPT.n_embd, 2, 8, vocab=True)
+    assert trace.bytes_sent(axis="tp") == RECIPE.steps * 2 * 2 * (c.forward_bytes + c.backward_bytes)
+    assert trace.bytes_sent(axis="pp") == 0
+    assert all(len(r.bytes_sent) == RECIPE.steps and r.peak_bytes > 0 for r in results)
+
+
+def _tp_shard_numel(cfg, t):
+    """Parameter elements a tp rank holds under Megatron's split of the GPT (the vocabulary-
+    parallel embedding tied to the head, column-parallel c_attn and c_fc with their biases,
+    row-parallel c_proj weights; layer norms, positions and c_proj biases replicated)."""
+    C, V, T, L = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.n_layer
+    split = V * C + L * (3 * C * C + 3 * C + 4 * C * C + 4 * C + C * C + 4 * C * C)
+    replicated = T * C + L * (2 * 2 * C + 2 * C) + 2 * C
+    return split // t + replicated
+
+
+def test_dp2_pp2_with_the_stage_hook_equals_one_process_and_bytes_per_axis(cluster4):
+    plan = Plan(dp=2, pp=2, schedule="1f1b", microbatches=2)
+    results = run(cluster4, RECIPE, plan)
+    trace = cluster4.trace()
+    check_against_reference(results, RECIPE.reference(), shared=True)
+    model = RECIPE.build()
+    # pp: each microbatch's activation forward and its gradient back, (rows/m, T, C) float64,
+    # plus the tied embedding/head gradient summed over the first and last stage (V x C)
+    rows = RECIPE.batch_size // 2 // plan.microbatches
+    act = rows * GPT.block_size * GPT.n_embd * 8
+    tied = _all_reduce_bytes(GPT.vocab_size * GPT.n_embd, 2)
+    assert trace.bytes_sent(axis="pp") == RECIPE.steps * 2 * (2 * plan.microbatches * act + tied)
+    # dp: each stage's parameters all-reduced once per step, when its last backward is done
+    stage0 = [model.embed, *model.blocks[:1]]
+    stage1 = [*model.blocks[1:], model.head]
+    numel = [sum(p.numel() for m in ms for p in m.parameters()) for ms in (stage0, stage1)]
+    assert trace.bytes_sent(axis="dp") == RECIPE.steps * sum(_all_reduce_bytes(n, 2) for n in numel)
+    reduces = [e for e in trace.filter(kind="collective", axis="dp")]
+    assert len(reduces) == RECIPE.steps * 4  # once per stage per step, on each of its 2 dp ranks
+
+
+def test_plan_prints_round_trips_and_checks_before_any_engine_work():
+    plan = Plan(dp=2, pp=2, microbatches=4)
+    assert str(plan) == "Plan(dp=2 x pp=2: ddp; 1f1b, m=4)"
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+    assert Recipe.from_dict(json.loads(json.dumps(RECIPE.to_dict()))) == RECIPE
+    with pytest.raises(ValueError, match="batch_size=8 does not split into dp=2 ranks x 3 microbatches"):
+        Plan(dp=2, pp=2, microbatches=3).check(Recipe(GPT, batch_size=8))
+    with pytest.raises(ValueError, match="needs 8 ranks but the cluster has 4"):
+        Plan(dp=4, pp=2).check(RECIPE, 4)
+    with pytest.raises(ValueError, match="data_parallel='zero9'"):
+        Plan(dp=2, data_parallel="zero9")
