@@ -122,6 +122,7 @@ READ_ONLY = {
     "pipelib/comm/message.py:DTYPE_CODE", "pipelib/context_parallel/ring.py:_FIELDS",
     "pipelib/context_parallel/step.py:VARIANTS", "pipelib/costmodel.py:LINKS", "pipelib/costmodel.py:PROFILES",
     "pipelib/data_parallel/versus.py:SIDES", "pipelib/pipeline/handwritten.py:HAND_WRITTEN",
+    "pipelib/parallelize.py:DATA_PARALLEL", "pipelib/recipe.py:OPTIMIZERS", "pipelib/recipe.py:DTYPES",
     "pipelib/pipeline/schedules/registry.py:REGISTRY", "pipelib/pipeline/schedules/registry.py:ALIASES",
     "pipelib/pipeline/schedules/registry.py:GENERATORS", "pipelib/pipeline/torch_twin.py:TORCH_SCHEDULES",
     "pipelib/recompute/against_torch.py:KEEP_OPS",

@@ -6,8 +6,15 @@ import pathlib
 import pytest
 
 from pipelib.comm import alphabeta
-from pipelib.comm.alphabeta import (NAMES, chunk_sizes, compare, expected_bytes, fit_alpha_beta,
-                                    predict_collectives, predicted_time)
+from pipelib.comm.alphabeta import (
+    NAMES,
+    chunk_sizes,
+    compare,
+    expected_bytes,
+    fit_alpha_beta,
+    predict_collectives,
+    predicted_time,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

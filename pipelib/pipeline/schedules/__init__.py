@@ -19,19 +19,38 @@ chapters 10-13); everything else is imported from its module.
 """
 from pipelib.pipeline.schedules.csv_io import from_csv, read_csv, to_csv, write_csv
 from pipelib.pipeline.schedules.generators import (
-    gpipe, interleaved_1f1b, llama3_interleaved, looped_bfs, naive, one_f_one_b,
+    gpipe,
+    interleaved_1f1b,
+    llama3_interleaved,
+    looped_bfs,
+    naive,
+    one_f_one_b,
 )
 from pipelib.pipeline.schedules.ir import (
-    Action, Op, Schedule, ScheduleDeadlock, action_key, as_schedule, dependencies, format_table,
+    Action,
+    Op,
+    Schedule,
+    ScheduleDeadlock,
+    action_key,
+    as_schedule,
+    dependencies,
+    format_table,
 )
-from pipelib.pipeline.schedules.registry import (
-    ALIASES, GENERATORS, REGISTRY, make_schedule, schedule_info,
-)
+from pipelib.pipeline.schedules.registry import ALIASES, GENERATORS, REGISTRY, make_schedule, schedule_info
 from pipelib.pipeline.schedules.validation import (
-    action_messages, check_channels, check_counts, check_placement, deadlock_message, validate,
+    action_messages,
+    check_channels,
+    check_counts,
+    check_placement,
+    deadlock_message,
+    validate,
 )
 from pipelib.pipeline.schedules.zero_bubble import (
-    dualpipe_v, interleaved_zero_bubble, zbv, zero_bubble_h1, zero_bubble_h2,
+    dualpipe_v,
+    interleaved_zero_bubble,
+    zbv,
+    zero_bubble_h1,
+    zero_bubble_h2,
 )
 
 __all__ = [
