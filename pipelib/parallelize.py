@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable, NamedTuple
 
 import torch
@@ -50,9 +51,9 @@ def _wrap_ddp(module, group, plan):
     return BucketedGrads(module, group, bucket_bytes=plan.bucket_bytes)
 
 
-DATA_PARALLEL = {k.name: k for k in (
+DATA_PARALLEL = MappingProxyType({k.name: k for k in (
     DataParallelKind("ddp", _wrap_ddp, "DDP's buckets, all-reduced once the gradients are in (chapter 07)"),
-)}
+)})
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
 from pipelib.model import GPT, MLP, GPTConfig, MLPConfig
 
-OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+OPTIMIZERS = MappingProxyType({"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD})
+DTYPES = MappingProxyType({"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16})
 
 
 def build_model(config, seed: int = 0):
@@ -53,7 +54,16 @@ def loss_of(model, x, y):
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
-def dtype_name(dtype: torch.dtype) -> str:
+def as_dtype(dtype) -> torch.dtype:
+    """A torch.dtype from one or from its name ("float64"): the one spelling of a dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}; use a torch.dtype or one of {list(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _dtype_key(dtype: torch.dtype) -> str:
     for name, d in DTYPES.items():
         if d == dtype:
             return name
@@ -80,11 +90,8 @@ class Recipe:
             check_int(getattr(self, name), name, context="Recipe")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"Recipe: optimizer={self.optimizer!r}; use one of {list(OPTIMIZERS)}")
-        if isinstance(self.dtype, str):
-            if self.dtype not in DTYPES:
-                raise ValueError(f"Recipe: dtype={self.dtype!r}; use one of {list(DTYPES)}")
-            object.__setattr__(self, "dtype", DTYPES[self.dtype])
-        dtype_name(self.dtype)
+        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        _dtype_key(self.dtype)
         if not isinstance(self.model, (GPTConfig, MLPConfig)):
             raise ValueError(f"Recipe: model={self.model!r}; pass a pipelib.model.GPTConfig or MLPConfig")
 
@@ -130,7 +137,7 @@ class Recipe:
         kind = "gpt" if isinstance(self.model, GPTConfig) else "mlp"
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["model"] = {"kind": kind, **dataclasses.asdict(self.model)}
-        d["dtype"] = dtype_name(self.dtype)
+        d["dtype"] = _dtype_key(self.dtype)
         return d
 
     @classmethod

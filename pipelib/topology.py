@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from pipelib.checks import check_int, is_int_at_least
+
 AXES = ("pp", "dp", "cp", "tp")           # the axes that multiply into the world size
 DEFAULT_ORDER = ("pp", "dp", "cp", "tp")  # outermost first: tp innermost (the placement rule)
 
@@ -56,10 +58,7 @@ class Topology:
 
     def __post_init__(self):
         for axis in (*AXES, "ep"):
-            size = getattr(self, axis)
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"Topology: {axis}={size!r}; every axis needs an integer >= 1 ranks "
-                                 f"(1 means the axis is not used)")
+            check_int(getattr(self, axis), axis, context="Topology", hint="ranks along the axis; 1 means unused")
         order = tuple(self.order)
         if sorted(order) != sorted(AXES):
             raise ValueError(f"Topology: order={order!r} must name each of {AXES} once, outermost "
@@ -101,7 +100,7 @@ class Topology:
 
     def coords(self, rank: int) -> Coords:
         """The coordinates of global rank `rank` (0 <= rank < world_size)."""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+        if not is_int_at_least(rank, 0) or rank >= self.world_size:
             raise ValueError(f"{self}: rank {rank!r} is outside the grid's ranks 0..{self.world_size - 1}")
         strides = self._strides()
         at = {a: rank // strides[a] % getattr(self, a) for a in AXES}

@@ -3,7 +3,7 @@
     results = run(cluster, Recipe(GPTConfig(), batch_size=8), Plan(dp=2, tp=2))
     print(check_against_reference(results, recipe.reference(), shared=True))
 
-On every engine `train(recipe, plan)` builds the recipe's model (the same seed everywhere),
+On every engine `train_plan(recipe, plan)` builds the recipe's model (the same seed everywhere),
 hands it to `pipelib.parallelize.parallelize` with the plan's mesh, and runs the steps: this
 rank's rows of each global batch (`Recipe.batch` at its dp coordinate), forward and backward
 with every reduction, one optimizer step over what this rank holds. Measurement has one owner:
@@ -28,7 +28,7 @@ import torch.distributed as dist
 from pipelib.results import StepResult
 
 
-def train(recipe, plan, *, mesh=None) -> StepResult | None:
+def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
     """On every engine: train `recipe` under `plan`; this rank's StepResult (None off the grid)."""
     from pipelib.parallelize import parallelize
     from pipelib.runtime.device import current
@@ -75,7 +75,7 @@ def run(cluster, recipe, plan, *, reset: bool = True) -> list:
     plan.check(recipe, cluster.world_size)
     if reset:
         cluster.reset()
-    return cluster.run(train, recipe, plan)
+    return cluster.run(train_plan, recipe, plan)
 
 
 def _reports_loss(mesh, par) -> bool:

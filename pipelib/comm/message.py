@@ -56,10 +56,7 @@ def dtype_name(code: int) -> str:
 
 def device_counters(dev: Device) -> dict:
     """This rank's payload bytes and messages, kept on its device; `Device.reset()` (and so `Cluster.reset()`) empties them."""
-    if not dev.comm_counts:
-        dev.comm_counts.update(dict.fromkeys(("bytes_sent", "bytes_received", "messages_sent",
-                                              "messages_received"), 0))
-    return dev.comm_counts
+    return dev.counters()
 
 
 class Handle:

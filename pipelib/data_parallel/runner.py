@@ -21,55 +21,21 @@ Introduced in chapter 07.
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 
 from pipelib.checks import check_int
+from pipelib.data_parallel.steps import DDP_STEPS, accumulate_context, ddp_step
+from pipelib.recipe import OPTIMIZERS as _ALL_OPTIMIZERS
+from pipelib.recipe import build_model, global_batch, loss_of  # noqa: F401  (chapter 07 imports them here)
 from pipelib.results import StepResult
 
-STEPS = ("all_reduce", "buckets", "overlap", "no_sync", "torch")  # chapter 07's steps 1-4, then torch's DDP
+STEPS = tuple(DDP_STEPS)  # chapter 07's steps 1-4, then torch's DDP (pipelib.data_parallel.steps)
 OPTIMIZERS = ("adam", "sgd")
 
 
-def _step_class(step: str):
-    from pipelib.data_parallel import ddp
-
-    return {"all_reduce": ddp.AllReduceGrads, "buckets": ddp.BucketedGrads, "overlap": ddp.OverlappedGrads,
-            "no_sync": ddp.DDP}[step]
-
-
-def build_model(config, seed: int = 0):
-    """The book's GPT or MLP from its config (pipelib.model), seeded."""
-    from pipelib.model import GPT, MLP, GPTConfig
-
-    return GPT(config, seed=seed) if isinstance(config, GPTConfig) else MLP(config, seed=seed)
-
-
-def global_batch(config, batch: int, step: int, seed: int = 0):
-    """Step `step`'s global batch (x, y), the same on every rank and in the single process:
-    random token windows for the GPT (B, T), random points and classes for the MLP (B, in)."""
-    from pipelib.model import GPTConfig
-
-    g = torch.Generator().manual_seed(seed * 100_003 + step)
-    if isinstance(config, GPTConfig):
-        xy = torch.randint(config.vocab_size, (batch, config.block_size + 1), generator=g)  # (B, T + 1)
-        return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
-    x = torch.randn(batch, config.in_features, generator=g)  # (B, in)
-    return x, torch.randint(config.out_features, (batch,), generator=g)  # (B,)
-
-
-def loss_of(model, x, y):
-    """The mean loss of `model` (or its wrapper) on (x, y): the GPT's own for token targets
-    (B, T), cross-entropy of the MLP's logits for class targets (B,)."""
-    if y.dim() == 2:
-        return model(x, y)[1]
-    return torch.nn.functional.cross_entropy(model(x), y)
-
-
 def make_optimizer(params, optimizer: str, lr: float):
-    return torch.optim.Adam(params, lr=lr) if optimizer == "adam" else torch.optim.SGD(params, lr=lr)
+    return _ALL_OPTIMIZERS[optimizer](params, lr=lr)
 
 
 def check_run(world_size: int, step: str, ranks, batch: int, accumulate: int, steps: int, bucket_bytes,
@@ -78,7 +44,7 @@ def check_run(world_size: int, step: str, ranks, batch: int, accumulate: int, st
     from pipelib.data_parallel.buckets import check_bucket_bytes
     from pipelib.data_parallel.overlap import check_comm
 
-    if step not in STEPS:
+    if step not in DDP_STEPS:
         raise ValueError(f"run_ddp: step={step!r}; use one of {STEPS}")
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"run_ddp: optimizer={optimizer!r}; use one of {OPTIMIZERS}")
@@ -106,7 +72,7 @@ def check_run(world_size: int, step: str, ranks, batch: int, accumulate: int, st
 def run_ddp(cluster, step: str = "no_sync", config=None, *, ranks=None, steps: int = 3, batch: int = 8,
             accumulate: int = 1, bucket_bytes: int = 25 << 20, comm: str = "pipelib", optimizer: str = "adam",
             lr: float = 1e-2, seed: int = 0, model_seeds=None, profile=None, reset: bool = True) -> list:
-    """Train `steps` steps with DDP step `step` (one of STEPS) on `ranks` of `cluster`; one
+    """Train `steps` steps with DDP step `step` (a name in `steps.DDP_STEPS`) on `ranks` of `cluster`; one
     StepResult per rank of the cluster (None outside the group). `model_seeds`: one model seed
     per cluster rank (all `seed` when None): give one rank another to see the replica check.
     `profile`: a device profile (name or `DeviceProfile`, e.g. `efficiency.scaled_profile`) the
@@ -127,50 +93,27 @@ def run_ddp(cluster, step: str = "no_sync", config=None, *, ranks=None, steps: i
                        optimizer, lr, seed, seeds, profile)
 
 
-_GROUPS: dict = {}  # process groups made so far on this engine, by ranks: new_group is collective and slow
-
-
-def _group(ranks):
-    """The process group of `ranks` (made on every rank the first time: new_group is collective)."""
-    if len(ranks) == dist.get_world_size():
-        return None
-    key = tuple(ranks)
-    if key not in _GROUPS:
-        _GROUPS[key] = dist.new_group(list(ranks))
-    return _GROUPS[key]
-
-
 def ddp_train(step, config, ranks, steps, batch, accumulate, bucket_bytes, comm, optimizer, lr, seed, seeds,
               profile=None):
     """On every rank (`Cluster.run`): `run_ddp`'s training, returning this rank's StepResult."""
     from pipelib.runtime.device import current
+    from pipelib.runtime.mesh import make_group
 
-    group = _group(ranks)
+    group = make_group(ranks, "dp")  # every rank makes it (collective), the first time only
     if dist.get_rank() not in ranks:
         return None
-    dev = current()
-    before = dev.profile
-    dev.profile = profile or before
-    try:
-        return _train(step, config, ranks, group, steps, batch, accumulate, bucket_bytes, comm, optimizer, lr,
-                      seed, seeds)
-    finally:
-        dev.profile = before
+    with current().overrides(profile=profile):
+        return _train(ddp_step(step), config, ranks, group, steps, batch, accumulate, bucket_bytes, comm,
+                      optimizer, lr, seed, seeds)
 
 
 def _train(step, config, ranks, group, steps, batch, accumulate, bucket_bytes, comm, optimizer, lr, seed, seeds):
-    from pipelib.comm.p2p import counters
     from pipelib.runtime.device import current
 
-    me = dist.get_rank()
-    dev, n, r = current(), len(ranks), ranks.index(me)
+    me, dev = dist.get_rank(), current()
+    n, r = len(ranks), ranks.index(me)
     model = build_model(config, seeds[me])
-    if step == "torch":
-        wrapped = torch.nn.parallel.DistributedDataParallel(model, process_group=group,
-                                                            bucket_cap_mb=bucket_bytes / 2**20)
-    else:
-        kw = {} if step == "all_reduce" else {"bucket_bytes": bucket_bytes}
-        wrapped = _step_class(step)(model, group, comm=comm, **kw)
+    wrapped = step.wrap(model, group, comm=comm, bucket_bytes=bucket_bytes)
     opt = make_optimizer(model.parameters(), optimizer, lr)
     rows, micro = batch // n, batch // n // accumulate
     losses, times, sent, grads = [], [], [], {}
@@ -179,54 +122,38 @@ def _train(step, config, ranks, group, steps, batch, accumulate, bucket_bytes, c
         x, y = x[r * rows:(r + 1) * rows], y[r * rows:(r + 1) * rows]
         if not dev.modelled:
             dist.barrier(group=group)  # real devices: every rank starts the timed step together
-        t0, b0, total = dev.clock.now(), counters()["bytes_sent"], 0.0
-        for m in range(accumulate):
-            xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
-            last = m == accumulate - 1
-            ctx = wrapped.no_sync() if (not last and step in ("no_sync", "torch")) else contextlib.nullcontext()
-            with ctx:
-                with dev.compute("F"):
-                    loss = loss_of(wrapped, xm, ym) / accumulate
-                if step == "torch":
-                    with dev.compute("B"):
-                        loss.backward()
-                else:
+        total = 0.0
+        with dev.measure() as m:
+            for k in range(accumulate):
+                with accumulate_context(step, wrapped, last=k == accumulate - 1):
+                    with dev.compute("F"):
+                        loss = loss_of(wrapped, x[k * micro:(k + 1) * micro], y[k * micro:(k + 1) * micro]) / accumulate
                     wrapped.backward(loss)
-            total += loss.item()
-        if step != "torch":
+                total += loss.item()
             wrapped.finish_gradients()
-        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
-        with dev.compute("optimizer", nbytes=28 * sum(p.numel() for p in model.parameters())):
-            opt.step()  # Adam reads p, g, m, v and writes p, m, v: 28 bytes per fp32 parameter
-        opt.zero_grad(set_to_none=False)
-        times.append(dev.clock.now() - t0)
-        sent.append(counters()["bytes_sent"] - b0)
+            grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+            with dev.compute("optimizer", nbytes=28 * sum(p.numel() for p in model.parameters())):
+                opt.step()  # Adam reads p, g, m, v and writes p, m, v: 28 bytes per fp32 parameter
+            opt.zero_grad(set_to_none=False)
+        times.append(m.time)
+        sent.append(m.bytes_sent)
         lt = torch.tensor([total])
         dist.all_reduce(lt, group=group)  # the reported loss: raw gloo, off the trace
         losses.append(lt.item() / n)
-    if step != "torch":
-        wrapped.close()
+    wrapped.close()
     stats = {"bytes_sent": tuple(sent), "num_params": sum(p.numel() for p in model.parameters()),
              "buckets": len(getattr(wrapped, "buckets", ())) or None}
     params = {k: p.detach().clone() for k, p in model.named_parameters()}
     return StepResult(loss=losses[-1] if r == 0 else None, grads=grads, stats=stats, times=tuple(times),
-                      losses=tuple(losses) if r == 0 else (), params=params)
+                      losses=tuple(losses) if r == 0 else (), params=params, bytes_sent=tuple(sent))
 
 
 def reference_step(config, *, steps: int = 3, batch: int = 8, optimizer: str = "adam", lr: float = 1e-2,
                    seed: int = 0):
-    """One process, the whole batch: (last loss, last step's gradients, parameters after all
-    steps, losses), to compare with `run_ddp` through `check_against_reference`."""
-    model = build_model(config, seed)
-    opt = make_optimizer(model.parameters(), optimizer, lr)
-    losses, grads = [], {}
-    for s in range(steps):
-        x, y = global_batch(config, batch, s, seed)
-        loss = loss_of(model, x, y)
-        loss.backward()
-        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        losses.append(loss.item())
-    params = {k: p.detach().clone() for k, p in model.named_parameters()}
-    return losses[-1], grads, params, losses
+    """One process, the whole batch (`pipelib.recipe.Recipe.reference`): (last loss, last step's
+    gradients, parameters after all steps, losses), for `check_against_reference`."""
+    from pipelib.recipe import Recipe
+
+    ref = Recipe(config, batch_size=batch, steps=steps, seed=seed, data_seed=seed, optimizer=optimizer,
+                 lr=lr).reference()
+    return ref.losses[-1], dict(ref.grads), dict(ref.params), list(ref.losses)

@@ -19,7 +19,7 @@ Introduced in chapter 04.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pipelib.costmodel import DeviceProfile, get_profile
 from pipelib.runtime.beacon import Activity
@@ -78,6 +78,14 @@ class Device:
         self.axes: dict = {}         # id(process group) -> its mesh axis, for Event.axis
         self.torch_device = self._torch_device()
 
+    def counters(self) -> dict:
+        """This rank's payload bytes and messages sent and received (`pipelib.comm.p2p` counts
+        them); `reset()` (and so `Cluster.reset()`) empties them, nothing else does."""
+        if not self.comm_counts:
+            self.comm_counts.update(dict.fromkeys(("bytes_sent", "bytes_received", "messages_sent",
+                                                   "messages_received"), 0))
+        return self.comm_counts
+
     def axis_of(self, group) -> str | None:
         """The mesh axis ("dp", "tp", ...) whose group this is, or None (`runtime.mesh`)."""
         return self.axes.get(id(group)) if self.axes else None
@@ -118,57 +126,21 @@ class Device:
         finally:
             self.clock = compute
 
-    @contextlib.contextmanager
     def measure(self, *, fresh_memory: bool = False):
-        """Measure what this rank does inside the block: a `Measurement` filled in on exit.
+        """Measure what this rank does inside the block: a `Span` filled in on exit (a context
+        manager). The one owner of measurement (`pipelib.runtime.span.measure`): clock span,
+        bytes and messages sent, peak memory; scopes nest; `fresh_memory=True` counts the block
+        on an empty tracker (a new model) and gives the device's own back afterwards."""
+        from pipelib.runtime.span import measure
 
-        The one owner of measurement (DESIGN.md section 7): the clock span, the bytes and
-        messages sent and received (differences of the device's counters, never a reset), and
-        the peak memory inside the block. Scopes nest: an inner scope sees its own peak, and
-        the outer one still sees the highest of both. `fresh_memory=True` counts the block on
-        an empty tracker (a new model: no pointers or gradients of an earlier one), with the
-        same capacity, and puts the device's own tracker back afterwards. Strategies never
-        reset counters or replace the tracker: the trainer (or a chapter's runner) opens one
-        scope per step."""
-        from pipelib.comm.message import device_counters
+        return measure(self, fresh_memory)
 
-        counts = device_counters(self)
-        before = dict(counts)
-        outer = self.memory
-        if fresh_memory:
-            self.memory = self.fresh_memory()
-        mem = self.memory
-        old_peak, mem.peak = mem.peak, mem.total
-        m = Measurement(start=self.clock.now(), base_bytes=mem.total)
-        try:
-            yield m
-        finally:
-            m.end = self.clock.now()
-            m.bytes_sent = counts["bytes_sent"] - before["bytes_sent"]
-            m.bytes_received = counts["bytes_received"] - before["bytes_received"]
-            m.messages_sent = counts["messages_sent"] - before["messages_sent"]
-            m.peak_bytes = mem.peak
-            m.memory = dict(mem.bytes)
-            mem.peak = max(old_peak, mem.peak)
-            if fresh_memory:
-                self.memory = outer
-
-    @contextlib.contextmanager
     def overrides(self, *, profile=None, capacity: int | None = None):
-        """Use another device profile (a name or `DeviceProfile`) and/or memory capacity inside
-        the block, and the device's own again afterwards, whatever happens (chapter 07's
-        what-if links; chapter 14's small device that runs out of memory)."""
-        before_profile, mem = self.profile, self.memory
-        before_capacity = mem.capacity
-        if profile is not None:
-            self.profile = get_profile(profile)
-        if capacity is not None:
-            mem.capacity = capacity
-        try:
-            yield self
-        finally:
-            self.profile = before_profile
-            mem.capacity = before_capacity
+        """Another profile and/or memory capacity inside the block, the device's own afterwards
+        (a context manager: `pipelib.runtime.span.overrides`)."""
+        from pipelib.runtime.span import overrides
+
+        return overrides(self, profile, capacity)
 
     def reset(self) -> None:
         """Start a new measurement: clock to 0 (virtual) and an empty trace."""
@@ -218,31 +190,6 @@ class Device:
             self.clock.advance(duration)
         else:
             self.clock.wait_until(self.clock.now() + duration)
-
-
-@dataclass
-class Measurement:
-    """What one `Device.measure()` scope saw on this rank (filled in when the scope closes).
-
-    time:        seconds on this device's clock (virtual on "sim", wall on "cpu"/"cuda")
-    bytes_sent:  payload bytes this rank sent (headers are machinery, not data)
-    peak_bytes:  the most memory the tracker held at any moment of the scope, all categories
-    base_bytes:  what it held when the scope opened (parameters and buffers, typically)
-    memory:      bytes by category when the scope closed
-    """
-
-    start: float
-    end: float | None = None
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    messages_sent: int = 0
-    peak_bytes: int = 0
-    base_bytes: int = 0
-    memory: dict = field(default_factory=dict)
-
-    @property
-    def time(self) -> float:
-        return (self.end if self.end is not None else self.start) - self.start
 
 
 def _compute_text(label: str, stage, microbatch) -> str:

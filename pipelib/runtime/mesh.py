@@ -124,6 +124,15 @@ class Mesh:
         return f"Mesh({self.topology}, rank {self.global_rank}: {where})"
 
 
+def device_mesh(group, axis: str = "dp", device_type: str | None = None):
+    """torch's 1-D `DeviceMesh` over an existing process group (a twin given one group: FSDP2 on
+    the dp group, DTensor on the tp group), on this rank's device type."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    group = dist.group.WORLD if group is None else group
+    return DeviceMesh.from_group(group, device_type or current().torch_device.type, mesh_dim_names=(axis,))
+
+
 def make_group(ranks, axis: str | None, device=None, *, kind: str = "axis"):
     """The process group of global `ranks`, made the first time on this engine and kept on the
     device (every rank of the world must call this for the same ranks, in the same order)."""

@@ -29,14 +29,15 @@ import torch
 import torch.distributed as dist
 
 from pipelib.results import StepResult
+from pipelib.recipe import as_dtype
 
 IMPLS = ("pipelib", "pipelib-torch", "dtensor")
 
 
 def _tp_inputs(config, b, s, dtype, data_seed):
     g = torch.Generator().manual_seed(data_seed)
-    x = torch.randn(b, s, config.n_embd, generator=g).to(getattr(torch, dtype))
-    w = torch.randn(b, s, config.n_embd, generator=g).to(getattr(torch, dtype))
+    x = torch.randn(b, s, config.n_embd, generator=g).to(as_dtype(dtype))
+    w = torch.randn(b, s, config.n_embd, generator=g).to(as_dtype(dtype))
     return x, w
 
 
@@ -44,7 +45,7 @@ def tp_blocks_reference(config, b: int, s: int, *, dtype: str = "float32", seed:
     """One process: (output y, {blocks.* name: gradient}, dx) of sum(blocks(x) * w)."""
     from pipelib.model import GPT
 
-    model = GPT(config, seed).to(getattr(torch, dtype))
+    model = GPT(config, seed).to(as_dtype(dtype))
     x, w = _tp_inputs(config, b, s, dtype, data_seed)
     x.requires_grad_(True)
     y = x
@@ -56,15 +57,15 @@ def tp_blocks_reference(config, b: int, s: int, *, dtype: str = "float32", seed:
 
 
 def _dtensor_tp_blocks(model, group, sequence_parallel: bool):
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
                                                    parallelize_module)
 
+    from pipelib.runtime.mesh import device_mesh
     from pipelib.tensor_parallel.layers import tp_shard_rows
 
     t = dist.get_world_size(group)
-    mesh = DeviceMesh.from_group(group, "cpu")
+    mesh = device_mesh(group, "tp")
     for blk in model.blocks:
         with torch.no_grad():  # piece r of the contiguous split = [q_r; k_r; v_r]
             for p in (blk.attn.c_attn.weight, blk.attn.c_attn.bias):
@@ -95,7 +96,7 @@ def _tp_build(config, t, impl, sequence_parallel, dtype, seed):
     group = tp_group(t)
     if group is None:
         return None, None
-    model = GPT(config, seed).to(getattr(torch, dtype))
+    model = GPT(config, seed).to(as_dtype(dtype))
     if impl == "dtensor":
         return _dtensor_tp_blocks(model, group, sequence_parallel), group
     plan = gpt_tp_plan(vocab=False, sequence_parallel=sequence_parallel)
@@ -194,7 +195,7 @@ def dtensor_tp_gpt_step(config, b: int, s: int, t: int, *, sequence_parallel: bo
     group = tp_group(t)
     if group is None:
         return None
-    model = _dtensor_tp_gpt(GPT(config, seed).to(getattr(torch, dtype)), group, sequence_parallel)
+    model = _dtensor_tp_gpt(GPT(config, seed).to(as_dtype(dtype)), group, sequence_parallel)
     idx, targets = tp_batch(config, b, s, data_seed)
     logits, _ = model(idx)
     with loss_parallel():

@@ -13,23 +13,21 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from pipelib.recipe import as_dtype
 from pipelib.results import StepResult
 
-_TP_GROUPS: dict = {}
-
-
 def tp_group(t: int):
-    """The process group of ranks 0..t-1 (every rank must call this, in the same order: new_group
-    is collective); None on ranks outside it."""
+    """This rank's group of ranks 0..t-1 (`Mesh.first(t, "tp")`: made once per engine, by every
+    rank in the same order); None on ranks outside it."""
     from pipelib.checks import check_int
+    from pipelib.runtime.mesh import Mesh
 
     world = dist.get_world_size()
     check_int(t, "t", context="tp_group", hint=f"the tensor-parallel degree, at most world_size={world}")
     if t > world:
         raise ValueError(f"tp_group: t={t} is larger than the world ({world} ranks); use t <= {world}")
-    if t not in _TP_GROUPS:
-        _TP_GROUPS[t] = dist.new_group(list(range(t)))
-    return _TP_GROUPS[t] if dist.get_rank() < t else None
+    mesh = Mesh.first(t, "tp")
+    return mesh["tp"] if mesh.contains else None
 
 
 def tp_batch(config, b: int, s: int, data_seed: int = 1):
@@ -59,17 +57,18 @@ def tp_forward(model, idx, targets):
 
 
 def _tp_measured_forward(model, idx, targets):
-    """tp_forward with the bytes autograd saves for backward counted (this rank's device memory
-    tracker, parameters excluded): (logits, loss, saved activation bytes after the forward)."""
+    """tp_forward with the bytes autograd saves for backward counted on a fresh tracker of this
+    rank's device (parameters excluded): (logits, loss, saved activation bytes after the forward)."""
     from pipelib.runtime.device import current
 
     dev = current()
-    dev.memory = dev.fresh_memory()
-    dev.memory.track_activations = True
-    dev.memory.track_module(model)
-    with dev.memory.saved_activations():
-        logits, loss = tp_forward(model, idx, targets)
-    return logits, loss, dev.memory.bytes["activations"]
+    with dev.measure(fresh_memory=True):
+        tracker = dev.memory  # this scope's own, counting activations even on a real device
+        tracker.track_activations = True
+        tracker.track_module(model)
+        with tracker.saved_activations():
+            logits, loss = tp_forward(model, idx, targets)
+    return logits, loss, tracker.bytes["activations"]
 
 
 def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, vocab: bool = True,
@@ -83,7 +82,7 @@ def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, 
     group = tp_group(t)
     if group is None:
         return None, None
-    model = GPT(config, seed).to(getattr(torch, dtype))
+    model = GPT(config, seed).to(as_dtype(dtype))
     plan = plan if plan is not None else gpt_tp_plan(vocab=vocab, sequence_parallel=sequence_parallel)
     return apply_tensor_parallel(model, group, plan, backend=backend), group
 
@@ -123,11 +122,18 @@ def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_paralle
     return StepResult(loss=loss.detach() if first else None, grads=grads if first else {}, stats=stats)
 
 
+def run_tp(cluster, config, b: int, s: int, t: int, **kw):
+    """Chapter 09's run: `tp_train_step` on every engine of a reset cluster; (results, trace)."""
+    cluster.reset()
+    results = cluster.run(tp_train_step, config, b, s, t, **kw)
+    return results, cluster.trace()
+
+
 def tp_reference_step(config, b: int, s: int, *, dtype: str = "float32", seed: int = 0, data_seed: int = 1):
     """The unsharded GPT on one process: (loss, {name: gradient}, logits)."""
     from pipelib.model import GPT
 
-    model = GPT(config, seed).to(getattr(torch, dtype))
+    model = GPT(config, seed).to(as_dtype(dtype))
     idx, targets = tp_batch(config, b, s, data_seed)
     logits, loss = model(idx, targets)
     loss.backward()
