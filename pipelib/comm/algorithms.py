@@ -9,9 +9,10 @@ rooted ones (gather, scatter) and the barrier.
 
 Same conventions as `pipelib.comm.collectives`: the group as an argument, peers are group
 ranks, every call checks that all ranks agree (``check=False`` skips it), records one
-COLLECTIVE event with the bytes this rank sent, and labels its messages
-``"<name> <phase> step <s> chunk <c>"``. Bytes sent per rank (exact) and alpha-beta times:
-`pipelib.comm.alphabeta` (`expected_bytes`, `predicted_time`). The tensor's bytes are n and
+COLLECTIVE event with the bytes this rank sent (``label=`` names it ``"<name>: <label>"``), and
+labels its messages
+``"<name> <phase> step <s> chunk <c>"``. Bytes sent per rank (exact), alpha-beta times and
+torch's twin: `pipelib.comm.registry`, one entry per collective. The tensor's bytes are n and
 the group's size N, as in the book.
 
 Introduced in chapter 06 ("Choosing an algorithm").
@@ -21,8 +22,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipelib.comm.alphabeta import check_power_of_two, chunk_sizes, ranks_per_node_of, tree_steps
 from pipelib.comm.collectives import _Call, _row_chunks
+from pipelib.comm.registry import check_power_of_two, chunk_sizes, ranks_per_node_of, tree_steps
 from pipelib.comm.ring import reduce_into
 
 
@@ -36,7 +37,7 @@ def _finish(c, tensor, flat):
     return c.done(tensor)
 
 
-def all_reduce_halving_doubling(tensor, op="sum", group=None, *, check: bool = True):
+def all_reduce_halving_doubling(tensor, op="sum", group=None, *, check: bool = True, label: str | None = None):
     """Rabenseifner's all-reduce (Thakur, Rabenseifner & Gropp 2005), N a power of two. The
     flattened tensor is cut in N chunks (`alphabeta.chunk_sizes`). Reduce-scatter by recursive
     halving: at distance d = N/2, N/4, ..., 1 rank r swaps with r XOR d the aligned block of d
@@ -46,7 +47,7 @@ def all_reduce_halving_doubling(tensor, op="sum", group=None, *, check: bool = T
     the ring's 2(N-1); 2(N-1)/N n bytes per rank, like the ring. In place; returns `tensor`."""
     name = "all_reduce_halving_doubling"
     check_power_of_two(name, dist.get_world_size(group))
-    c = _Call(name, tensor, group, op, check=check, reduce=True)
+    c = _Call(name, tensor, group, op, check=check, reduce=True, label=label)
     if c.n == 1:
         return c.done(tensor)
     n, me, flat = c.n, c.me, _flat(tensor)
@@ -75,7 +76,7 @@ def all_reduce_halving_doubling(tensor, op="sum", group=None, *, check: bool = T
 
 
 def all_reduce_hierarchical(tensor, op="sum", group=None, *, ranks_per_node: int | None = None,
-                            check: bool = True):
+                            check: bool = True, label: str | None = None):
     """Two levels, as on nodes of P GPUs joined by a slower network: group ranks
     [kP, (k+1)P) form node k, its first rank the node's leader. (1) Binomial-tree reduce to the
     leader inside each node, ceil(log2 P) steps; (2) ring all-reduce across the N/P leaders,
@@ -84,11 +85,11 @@ def all_reduce_hierarchical(tensor, op="sum", group=None, *, ranks_per_node: int
     reduce), n per child in the broadcast tree, and the leaders' ring on top. In place; returns
     `tensor`."""
     p = ranks_per_node_of(dist.get_world_size(group), ranks_per_node)
-    c = _Call("all_reduce_hierarchical", tensor, group, op, check=check, reduce=True)
+    c = _Call("all_reduce_hierarchical", tensor, group, op, check=check, reduce=True, label=label)
     if c.n == 1:
         return c.done(tensor)
     flat, (node, local), L = _flat(tensor), divmod(c.me, p), c.n // p
-    leader, step, buf = node * p, 0, torch.empty_like(flat)
+    step, buf = 0, torch.empty_like(flat)
     for k in range(tree_steps(p)):  # (1) reduce to the leader
         mask = 1 << k
         if local & mask:
@@ -127,13 +128,13 @@ def _blocks(t, n):
     return t, buf, (lambda lo, hi: buf[lo * t.shape[0]:hi * t.shape[0]])
 
 
-def gather_tree(tensor, dst: int = 0, group=None, *, check: bool = True):
+def gather_tree(tensor, dst: int = 0, group=None, *, check: bool = True, label: str | None = None):
     """Binomial-tree gather (like `dist.gather`): returns, on `dst`, every rank's `tensor`
     concatenated along dim 0 in group-rank order (None on the other ranks). With v the rank
     relative to dst, at step k a rank with bit k of v set sends the blocks it holds,
     [v, min(v + 2^k, N)), to v - 2^k and stops; the others receive the next ones from v + 2^k.
     ceil(log2 N) steps; rank v sends n min(2^k, N - v) bytes once, k its lowest set bit."""
-    c = _Call("gather_tree", tensor, group, root=dst, check=check)
+    c = _Call("gather_tree", tensor, group, root=dst, check=check, label=label)
     t, buf, blocks = _blocks(tensor, c.n)
     v = (c.me - dst) % c.n
     blocks(v, v + 1).copy_(t)
@@ -147,7 +148,8 @@ def gather_tree(tensor, dst: int = 0, group=None, *, check: bool = True):
     return c.done(buf.roll(dst * t.shape[0], 0) if c.n > 1 else buf)
 
 
-def scatter_tree(tensor, scatter_list=None, src: int = 0, group=None, *, check: bool = True):
+def scatter_tree(tensor, scatter_list=None, src: int = 0, group=None, *, check: bool = True,
+                 label: str | None = None):
     """Binomial-tree scatter (like `dist.scatter`): rank r's `tensor` becomes `scatter_list[r]`
     of rank `src` (a list of N tensors shaped like `tensor`, given on src only). With v the rank
     relative to src, from the top step down, a rank holding blocks [v, v + 2^(k+1)) sends
@@ -158,7 +160,7 @@ def scatter_tree(tensor, scatter_list=None, src: int = 0, group=None, *, check: 
             x.shape != tensor.shape or x.dtype != tensor.dtype for x in scatter_list)):
         raise ValueError(f"rank {dist.get_rank()}: scatter_tree on src {src} needs scatter_list, {n} tensors "
                          f"of shape {tuple(tensor.shape)} and dtype {tensor.dtype} (one per group rank)")
-    c = _Call("scatter_tree", tensor, group, root=src, check=check)
+    c = _Call("scatter_tree", tensor, group, root=src, check=check, label=label)
     t, buf, blocks = _blocks(tensor, c.n)
     v = (c.me - src) % c.n
     if v == 0:
@@ -175,13 +177,13 @@ def scatter_tree(tensor, scatter_list=None, src: int = 0, group=None, *, check: 
     return c.done(tensor)
 
 
-def barrier(group=None, *, check: bool = True):
+def barrier(group=None, *, check: bool = True, label: str | None = None):
     """Dissemination barrier (Hensgen, Finkel & Manber 1988): in round k every rank sends a
     one-byte token to r + 2^k and waits for the one from r - 2^k. After ceil(log2 N) rounds
     every rank has heard, directly or not, from every other: no rank leaves before all have
     arrived (`dist.barrier`). ceil(log2 N) bytes per rank."""
     token = torch.zeros(1, dtype=torch.uint8)
-    c = _Call("barrier", token, group, check=check)
+    c = _Call("barrier", token, group, check=check, label=label)
     got = torch.empty_like(token)
     for k in range(tree_steps(c.n)):
         c.step("barrier", k, c.me, send=token, dst=c.peer(1 << k), recv=got, src=c.peer(-(1 << k)))

@@ -33,113 +33,39 @@ barrier (dissemina-    ceil(log2 N) one-byte tokens   ceil(log2 N) (alpha + 1/be
  tion)
 =====================  =============================  ==========================================
 
-`NAMES` is the one tuple of the collectives' names (the lab, the agreement check and the
+Each row is one entry of `pipelib.comm.registry` (its bytes and time formulas, beside the
+collective and torch's twin); `expected_bytes` and `predicted_time` look the name up there.
+`NAMES` is the registry's tuple of the collectives' names (the lab, the agreement check and the
 figures use it) and `OPS` the one tuple of reduction ops.
 
-Pure: imports nothing but the standard library and `pipelib.checks` (no torch), so figures and planners can predict
-without starting a process (a test checks). Introduced in chapter 05 (the fit) and chapter 06
+Pure: imports nothing but the standard library and the pure registry (no torch), so figures and
+planners can predict without starting a process (a test checks). Introduced in chapter 05 (the fit) and chapter 06
 (the collectives' formulas, `compare`).
 """
 from __future__ import annotations
 
-import math
+from pipelib.comm.registry import NAMES, check_power_of_two, chunk_sizes, collective_info, ranks_per_node_of, tree_steps
 
-from pipelib.checks import is_int_at_least
+__all__ = ["NAMES", "OPS", "check_name", "chunk_sizes", "tree_steps", "ranks_per_node_of", "check_power_of_two",
+           "expected_bytes", "predicted_time", "predict_collectives", "message_times", "bus_bandwidth_factor",
+           "tree_all_reduce_time", "ring_latency_bound_ranks", "fit_alpha_beta", "compare"]
 
-NAMES = ("broadcast", "reduce", "all_reduce_naive", "all_reduce", "reduce_scatter", "all_gather", "all_to_all",
-         "all_reduce_halving_doubling", "all_reduce_hierarchical", "gather_tree", "scatter_tree", "barrier")
 OPS = ("sum", "avg", "max", "min")
 
 
 def check_name(name: str) -> str:
     """`name` if it is one of `NAMES`; else a ValueError that lists them."""
-    if name not in NAMES:
-        raise ValueError(f"unknown collective {name!r}; use one of {NAMES}")
-    return name
+    return collective_info(name).name
 
 
-def tree_steps(n: int) -> int:
-    """Steps of a binomial tree on n ranks: ceil(log2 n) (0 on one rank)."""
-    return math.ceil(math.log2(n)) if n > 1 else 0
-
-
-def ranks_per_node_of(n: int, ranks_per_node=None) -> int:
-    """The node size P of the hierarchical all-reduce on n ranks: `ranks_per_node`, or when None
-    gcd(n, 8) (8 GPUs a node); a ValueError unless P is a positive integer dividing n."""
-    p = math.gcd(n, 8) if ranks_per_node is None else ranks_per_node
-    if not is_int_at_least(p) or n % p:
-        raise ValueError(f"all_reduce_hierarchical: ranks_per_node={ranks_per_node!r} does not divide the "
-                         f"group of {n} ranks into nodes; pass a divisor of {n} (ranks on one node)")
-    return p
-
-
-def check_power_of_two(name: str, n: int) -> None:
-    """A ValueError unless the group size n is a power of two (recursive halving/doubling)."""
-    if n < 1 or n & (n - 1):
-        below = 1 << (n.bit_length() - 1)
-        raise ValueError(f"{name} needs a power-of-two group size, got {n} ranks; use all_reduce (the ring: "
-                         f"any size), or run it on a sub-group of {below} ranks")
-
-
-def _block(sizes, r: int, d: int) -> int:
-    """Elements in the aligned block of d chunks that holds chunk r."""
-    lo = r // d * d
-    return sum(sizes[lo:lo + d])
-
-
-def _tree_blocks_sent(name: str, v: int, n: int) -> int:
-    """Blocks relative rank v sends in the binomial gather (up) or scatter (down)."""
-    low = v & -v if v else 1 << tree_steps(n)
-    if name == "gather_tree":
-        return min(low, n - v) if v else 0
-    return sum(min(1 << k, n - v - (1 << k)) for k in range(tree_steps(n)) if (1 << k) < low and v + (1 << k) < n)
-
-
-# ------------------------------------------------------------------ exact byte counts
-def chunk_sizes(length: int, n: int) -> list[int]:
-    """Rows per chunk under torch.tensor_split: the first length % n chunks get one more."""
-    q, r = divmod(length, n)
-    return [q + 1 if i < r else q for i in range(n)]
-
-
+# ------------------------------------------------------------------ exact bytes, predicted times
 def expected_bytes(name: str, shape, itemsize: int, n: int, rank: int, root: int = 0, *,
                    ranks_per_node: int | None = None) -> int:
-    """Bytes group rank `rank` sends in collective `name` (the table above, exactly)."""
-    check_name(name)
-    shape = tuple(shape) or (1,)
-    numel = math.prod(shape)
-    N = numel * itemsize
-    if n == 1:
-        return 0
-    if name == "barrier":
-        return tree_steps(n)
-    if name in ("gather_tree", "scatter_tree"):
-        return N * _tree_blocks_sent(name, (rank - root) % n, n)
-    if name == "all_reduce_halving_doubling":
-        check_power_of_two(name, n)
-        sz, ds = chunk_sizes(numel, n), [1 << k for k in range(tree_steps(n))]
-        return itemsize * sum(_block(sz, rank ^ d, d) + _block(sz, rank, d) for d in ds)
-    if name == "all_reduce_hierarchical":
-        p = ranks_per_node_of(n, ranks_per_node)
-        node, local = divmod(rank, p)
-        own = expected_bytes("broadcast", shape, itemsize, p, local) + (N if local else 0)
-        sz, L = chunk_sizes(numel, n // p), n // p
-        return own + (0 if local or L == 1 else (2 * numel - sz[(node + 1) % L] - sz[(node + 2) % L]) * itemsize)
-    if name == "broadcast":
-        v = (rank - root) % n
-        return N * sum(1 for k in range(tree_steps(n)) if v < (1 << k) and v + (1 << k) < n)
-    if name == "reduce":
-        return 0 if rank == root else N
-    if name in ("all_reduce_naive", "all_gather"):
-        return (n - 1) * N
-    if name == "all_reduce":
-        sz = chunk_sizes(numel, n)
-        return (2 * numel - sz[rank] - sz[(rank + 1) % n]) * itemsize
-    row = numel // shape[0] * itemsize if shape[0] else 0  # reduce_scatter, all_to_all
-    return (shape[0] - chunk_sizes(shape[0], n)[rank]) * row
+    """Bytes group rank `rank` sends in collective `name` (the table above, exactly):
+    `collective_info(name).expected_bytes(...)`."""
+    return collective_info(name).expected_bytes(shape, itemsize, n, rank, root, ranks_per_node=ranks_per_node)
 
 
-# ------------------------------------------------------------------ predicted times
 def predicted_time(name: str, nbytes: int, n: int, alpha: float, beta: float, gamma: float = 0.0, *,
                    ranks_per_node: int | None = None, intra: tuple[float, float] | None = None) -> float:
     """Alpha-beta time of collective `name` on n ranks for an N-byte tensor (divisible sizes;
@@ -149,30 +75,10 @@ def predicted_time(name: str, nbytes: int, n: int, alpha: float, beta: float, ga
     (Thakur, Rabenseifner & Gropp 2005). A simulated device does not model it: gamma = 0.
     all_reduce_hierarchical: `ranks_per_node` P as in the collective, `intra` = (alpha, beta) of
     the links inside a node (default: the same link); halving/doubling: N a power of two
-    (others take ceil(log2 N) steps here, an estimate); barrier ignores nbytes (1-byte tokens)."""
-    check_name(name)
-    if n == 1:
-        return 0.0
-    steps = tree_steps(n)
-    if name == "all_reduce_hierarchical":
-        p = ranks_per_node_of(n, ranks_per_node)
-        a_i, b_i = intra or (alpha, beta)
-        inside = 2 * tree_steps(p) * (a_i + nbytes / b_i) + tree_steps(p) * nbytes * gamma
-        return inside + predicted_time("all_reduce", nbytes, n // p, alpha, beta, gamma)
-    return {
-        "broadcast": steps * (alpha + nbytes / beta),
-        "reduce": steps * (alpha + nbytes / beta + nbytes * gamma),
-        "all_reduce_naive": (n - 1) * (alpha + nbytes / beta + nbytes * gamma),
-        "all_reduce": 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / beta + (n - 1) / n * nbytes * gamma,
-        "reduce_scatter": (n - 1) * alpha + (n - 1) / n * nbytes / beta + (n - 1) / n * nbytes * gamma,
-        "all_gather": (n - 1) * (alpha + nbytes / beta),
-        "all_to_all": (n - 1) * alpha + (n - 1) / n * nbytes / beta,
-        "all_reduce_halving_doubling": 2 * steps * alpha + 2 * (n - 1) / n * nbytes / beta
-        + (n - 1) / n * nbytes * gamma,
-        "gather_tree": steps * alpha + (n - 1) * nbytes / beta,
-        "scatter_tree": steps * alpha + (n - 1) * nbytes / beta,
-        "barrier": steps * (alpha + 1 / beta),
-    }[name]
+    (others take ceil(log2 N) steps here, an estimate); barrier ignores nbytes (1-byte tokens).
+    `collective_info(name).predicted_time(...)`."""
+    return collective_info(name).predicted_time(nbytes, n, alpha, beta, gamma, ranks_per_node=ranks_per_node,
+                                                intra=intra)
 
 
 def predict_collectives(nbytes: int, n: int, alpha: float, beta: float) -> dict[str, float]:
@@ -191,12 +97,7 @@ def bus_bandwidth_factor(name: str, n: int) -> float:
     collective reaching the link's speed shows the link's speed whatever n (nccl-tests,
     doc/PERFORMANCE.md): 2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter, all-gather and
     all-to-all (bytes of the *whole* tensor: all-gather's output), 1 for broadcast and reduce."""
-    check_name(name)
-    if name.startswith("all_reduce"):
-        return 2 * (n - 1) / n
-    if name in ("reduce_scatter", "all_gather", "all_to_all", "gather_tree", "scatter_tree"):
-        return (n - 1) / n
-    return 1.0
+    return collective_info(name).bus_factor(n)
 
 
 def tree_all_reduce_time(nbytes: int, n: int, alpha: float, beta: float) -> float:

@@ -21,7 +21,9 @@ SEGMENT_BYTES, DEPTH in flight, so the reduction of one overlaps the transfer of
 simulated device sends whole chunks, the messages the alpha-beta model counts. The bytes sent
 are the same either way.
 
-Every call records one COLLECTIVE event (bytes = what this rank sent) and, inside it, the
+Every call records one COLLECTIVE event (bytes = what this rank sent; its axis that of the
+group, `Device.axis_of`; its label the collective's name, or ``"<name>: <label>"`` with
+``label=``, as tensor parallelism names each layer's operator) and, inside it, the
 point-to-point events, labelled ``"<name> <phase> step <s> chunk <c>"`` so a figure can replay
 which chunk went where at each step (`pipelib.viz.comm`).
 
@@ -58,8 +60,10 @@ def _op_name(op) -> str:
 class _Call:
     """One collective call on this rank: group facts, the COLLECTIVE event, bytes sent."""
 
-    def __init__(self, name, tensor, group, op="sum", root=0, check=True, reduce=False, segment_bytes=None):
+    def __init__(self, name, tensor, group, op="sum", root=0, check=True, reduce=False, segment_bytes=None,
+                 label=None):
         self.dev, self.name, self.group = current(), name, group
+        self.label = name if label is None else f"{name}: {label}"  # the COLLECTIVE event's
         if segment_bytes is not None:
             check_int(segment_bytes, "segment_bytes", minimum=0, context=f"rank {dist.get_rank()}: {name}",
                       hint="bytes per ring message; 0 = one message per chunk, None = the device's default")
@@ -103,7 +107,7 @@ class _Call:
 
     def done(self, result):
         self.dev.activity.set(self.activity)
-        self.dev.tracer.record(Kind.COLLECTIVE, self.name, self.t0, self.dev.clock.now(), bytes=self.sent,
+        self.dev.tracer.record(Kind.COLLECTIVE, self.label, self.t0, self.dev.clock.now(), bytes=self.sent,
                                axis=self.dev.axis_of(self.group))
         return result
 
@@ -114,11 +118,11 @@ def _row_chunks(t, n):
 
 
 # ------------------------------------------------------------------ trees
-def broadcast(tensor, src: int = 0, group=None, *, check: bool = True):
+def broadcast(tensor, src: int = 0, group=None, *, check: bool = True, label: str | None = None):
     """Binomial tree: at step k, every rank that has the data (relative rank v < 2^k) sends it
     to v + 2^k. ceil(log2 n) steps; rank v sends N bytes to each of its children
     #{k : v < 2^k, v + 2^k < n}; the root sends N ceil(log2 n). In place; returns `tensor`."""
-    c = _Call("broadcast", tensor, group, root=src, check=check)
+    c = _Call("broadcast", tensor, group, root=src, check=check, label=label)
     v = (c.me - src) % c.n
     for k in range(tree_steps(c.n)):
         mask = 1 << k
@@ -129,12 +133,12 @@ def broadcast(tensor, src: int = 0, group=None, *, check: bool = True):
     return c.done(tensor)
 
 
-def reduce(tensor, dst: int = 0, op="sum", group=None, *, check: bool = True):
+def reduce(tensor, dst: int = 0, op="sum", group=None, *, check: bool = True, label: str | None = None):
     """Binomial tree towards `dst`: at step k, a rank whose relative rank has bit k set sends its
     partial result to v - 2^k and stops; the others add what v + 2^k sends. Every rank but the
     root sends N bytes once; ceil(log2 n) steps. Only `dst`'s tensor holds the result (the
     others are left untouched); returns `tensor`."""
-    c = _Call("reduce", tensor, group, op, root=dst, check=check, reduce=True)
+    c = _Call("reduce", tensor, group, op, root=dst, check=check, reduce=True, label=label)
     v = (c.me - dst) % c.n
     acc = tensor if v == 0 else tensor.clone()
     buf = torch.empty_like(acc)
@@ -152,12 +156,12 @@ def reduce(tensor, dst: int = 0, op="sum", group=None, *, check: bool = True):
 
 
 # ------------------------------------------------------------------ rings
-def all_reduce_naive(tensor, op="sum", group=None, *, check: bool = True):
+def all_reduce_naive(tensor, op="sum", group=None, *, check: bool = True, label: str | None = None):
     """Whole tensor around the ring: at step s each rank forwards to its right neighbour the
     tensor it received at step s-1 (its own at step 0), i.e. rank (r - s)'s input, and adds
     what comes from its left. n-1 steps, (n-1) N bytes per rank. Simple, latency-bound: the
     right choice for small tensors, the wrong one for gradients. In place; returns `tensor`."""
-    c = _Call("all_reduce_naive", tensor, group, op, check=check, reduce=True)
+    c = _Call("all_reduce_naive", tensor, group, op, check=check, reduce=True, label=label)
     if c.n == 1:
         return c.done(tensor)
     fwd, buf = tensor.clone(), torch.empty_like(tensor)
@@ -170,7 +174,8 @@ def all_reduce_naive(tensor, op="sum", group=None, *, check: bool = True):
     return c.done(tensor)
 
 
-def all_reduce(tensor, op="sum", group=None, *, check: bool = True, segment_bytes: int | None = None):
+def all_reduce(tensor, op="sum", group=None, *, check: bool = True, segment_bytes: int | None = None,
+               label: str | None = None):
     """Bandwidth-optimal ring (Patarasuk & Yuan 2009; Baidu 2017): reduce-scatter, then
     all-gather, over the n chunks of the flattened tensor. Reduce-scatter step s: rank r sends
     chunk r-s-1 to r+1 (its own at s=0, later the partial sum it just made) and adds chunk
@@ -180,7 +185,7 @@ def all_reduce(tensor, op="sum", group=None, *, check: bool = True, segment_byte
     sends about 2N whatever n. On a real device each chunk travels as messages of at most
     `segment_bytes` (default SEGMENT_BYTES), pipelined; the bytes are the same. In place;
     returns `tensor`."""
-    c = _Call("all_reduce", tensor, group, op, check=check, reduce=True, segment_bytes=segment_bytes)
+    c = _Call("all_reduce", tensor, group, op, check=check, reduce=True, segment_bytes=segment_bytes, label=label)
     if c.n == 1:
         return c.done(tensor)
     n, me = c.n, c.me
@@ -199,13 +204,14 @@ def all_reduce(tensor, op="sum", group=None, *, check: bool = True, segment_byte
     return c.done(tensor)
 
 
-def reduce_scatter(tensor, op="sum", group=None, *, check: bool = True, segment_bytes: int | None = None):
+def reduce_scatter(tensor, op="sum", group=None, *, check: bool = True, segment_bytes: int | None = None,
+                   label: str | None = None):
     """Ring reduce-scatter: returns chunk r (`torch.tensor_split(tensor, n)[r]`, dim 0) of the
     reduction, on rank r. Step s: rank r sends chunk r-s-1 to r+1 (its own input at s=0, then
     the partial sum it made at step s-1) and reduces chunk r-s-2 from r-1 into a partial sum
     (two scratch chunks, used in turn). n-1 steps; rank r sends N - |chunk r| bytes
     ((n-1)/n N when n divides dim 0). `tensor` is left untouched."""
-    c = _Call("reduce_scatter", tensor, group, op, check=check, reduce=True, segment_bytes=segment_bytes)
+    c = _Call("reduce_scatter", tensor, group, op, check=check, reduce=True, segment_bytes=segment_bytes, label=label)
     cs = _row_chunks(tensor.contiguous(), c.n)
     if c.n == 1:
         return c.done(tensor.clone())
@@ -225,12 +231,13 @@ def reduce_scatter(tensor, op="sum", group=None, *, check: bool = True, segment_
     return c.done(out)
 
 
-def all_gather(tensor, group=None, *, check: bool = True, segment_bytes: int | None = None):
+def all_gather(tensor, group=None, *, check: bool = True, segment_bytes: int | None = None,
+               label: str | None = None):
     """Ring all-gather: every rank's `tensor` concatenated along dim 0, in rank order (like
     `dist.all_gather_into_tensor`). Step s: rank r sends block r-s to r+1 and receives block
     r-s-1 from r-1 straight into its place. n-1 steps; every rank sends (n-1) N bytes, N its
     input."""
-    c = _Call("all_gather", tensor, group, check=check, segment_bytes=segment_bytes)
+    c = _Call("all_gather", tensor, group, check=check, segment_bytes=segment_bytes, label=label)
     t = tensor.reshape(1) if tensor.dim() == 0 else tensor
     out = torch.empty((c.n * t.shape[0], *t.shape[1:]), dtype=t.dtype)
     cs = list(out.chunk(c.n, dim=0)) if t.shape[0] else [out[:0]] * c.n
@@ -244,11 +251,11 @@ def all_gather(tensor, group=None, *, check: bool = True, segment_bytes: int | N
     return c.done(out)
 
 
-def all_to_all(tensor, group=None, *, check: bool = True):
+def all_to_all(tensor, group=None, *, check: bool = True, label: str | None = None):
     """Pairwise exchange: chunk j of rank r (`tensor_split(tensor, n)[j]`, dim 0) goes to rank j,
     which stores it at position r. Step s = 1..n-1: send chunk r+s to rank r+s, receive from
     rank r-s. Rank r sends N - |chunk r| bytes ((n-1)/n N when n divides dim 0)."""
-    c = _Call("all_to_all", tensor, group, check=check)
+    c = _Call("all_to_all", tensor, group, check=check, label=label)
     ins = _row_chunks(tensor.contiguous(), c.n)
     mine = ins[c.me]
     out = torch.empty((c.n * mine.shape[0], *mine.shape[1:]), dtype=tensor.dtype)

@@ -30,7 +30,8 @@ from __future__ import annotations
 import statistics
 
 from pipelib.checks import check_int
-from pipelib.comm.alphabeta import check_name
+from pipelib.comm.alphabeta import check_name  # noqa: F401 (the one name check, also here)
+from pipelib.comm.registry import collective_info
 
 DEFAULT_SIZES = [2**k for k in range(0, 25, 2)]  # 1 B .. 16 MiB (CI-sized; the book goes to 64 MiB)
 
@@ -143,48 +144,27 @@ def ring_shift(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int = 
     return _rows([max(int(s), 1) for s in sizes], _slowest(times, group))
 
 
-def _builtin(name: str, x, group):
-    """torch.distributed's own version of collective `name` (gloo), for comparison."""
-    import torch
-    import torch.distributed as dist
-
-    n = dist.get_world_size(group)
-    root = 0 if group is None else dist.get_global_rank(group, 0)
-    if name in ("all_reduce", "all_reduce_naive"):
-        return dist.all_reduce(x, group=group)
-    if name == "broadcast":
-        return dist.broadcast(x, root, group=group)
-    if name == "reduce":
-        return dist.reduce(x, root, group=group)
-    if name == "all_gather":
-        return dist.all_gather_into_tensor(torch.empty(n * x.numel(), dtype=x.dtype), x, group=group)
-    if name == "reduce_scatter":
-        return dist.reduce_scatter_tensor(torch.empty(x.numel() // n, dtype=x.dtype), x, group=group)
-    return dist.all_to_all_single(torch.empty_like(x), x, group=group)
-
-
 def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: int = 5, group=None,
                        warmup: int = 1, *, builtin: bool = False, **kw) -> list[dict] | None:
-    """Run on every rank: time collective `name` of `pipelib.comm.collectives` (or gloo's own with
-    ``builtin=True``) on a float32 tensor of each size in bytes (all_gather: one rank's input),
-    from a common start (`_start`) to the end of the slowest rank. Returns, on every rank, one
-    row per size: bytes, time (median over `repeats`), times, bandwidth. `kw` goes to the
-    collective (check=False, segment_bytes=...). Sizes are rounded down to whole floats, and
-    for builtin reduce_scatter and all_to_all to a multiple of the world size (gloo needs it)."""
+    """Run on every rank: time collective `name` of `pipelib.comm.registry` (or, with
+    ``builtin=True``, its twin: torch's built-in on gloo) on a float32 tensor of each size in
+    bytes (all_gather: one rank's input), from a common start (`_start`) to the end of the
+    slowest rank. Returns, on every rank, one row per size: bytes, time (median over
+    `repeats`), times, bandwidth. `kw` goes to the collective (check=False, segment_bytes=...).
+    Sizes are rounded down to whole floats, and for a built-in that needs it
+    (`CollectiveInfo.twin_even`: gloo's reduce_scatter) to a multiple of the world size."""
     _check_repeats(repeats, warmup, "measure_collective")
     import torch
     import torch.distributed as dist
 
-    from pipelib.comm import algorithms, collectives  # every collective of alphabeta.NAMES
     from pipelib.runtime.device import current
 
-    check_name(name)
+    info = collective_info(name)
     if dist.get_rank(group) < 0:
         return None
     dev, n = current(), dist.get_world_size(group)
-    fn = getattr(collectives, name, None) or getattr(algorithms, name)  # by name
     sizes = [max(int(s) // 4, 1) for s in sizes]
-    if builtin and name in ("reduce_scatter", "all_to_all"):
+    if builtin and info.twin_even:
         sizes = [max(s // n, 1) * n for s in sizes]
     times = []
     for numel in sizes:
@@ -193,9 +173,9 @@ def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: i
             y = x.clone()
             t0 = _start(dev, group)
             if builtin:
-                _builtin(name, y, group)
+                info.twin(y, group)
             else:
-                fn(y, group=group, **kw)
+                info.run(y, group, **kw)
             if i >= warmup:
                 ts.append(dev.now() - t0)
         times.append(ts)

@@ -18,6 +18,7 @@ import re
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from pipelib.comm.registry import collective_info
 from pipelib.trace import Kind, Trace
 from pipelib.viz.display import play_controls, time_unit
 
@@ -48,14 +49,13 @@ def message_steps(trace: Trace, name: str | None = None) -> list[dict]:
 
 
 def replay(rows: list[dict], name: str, n: int, root: int = 0) -> list[list[list[frozenset]]]:
-    """States after each step: state[rank][slot] = the set of ranks whose data it holds."""
-    slots = n if name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all") else 1
-    if name == "broadcast":
-        state = [[frozenset({root}) if r == root else frozenset()] for r in range(n)]
-    elif name == "all_gather":
-        state = [[frozenset({r}) if s == r else frozenset() for s in range(slots)] for r in range(n)]
-    else:
-        state = [[frozenset({r}) for _ in range(slots)] for r in range(n)]
+    """States after each step: state[rank][slot] = the set of ranks whose data it holds. The grid
+    and where it starts are the collective's registry entry's (`CollectiveInfo.slots`, `start`)."""
+    info = collective_info(name)
+    slots = n if info.slots == "chunks" else 1
+    start = {"own": lambda r, s: {r}, "diagonal": lambda r, s: {r} if s == r else set(),
+             "root": lambda r, s: {root} if r == root else set()}[info.start]
+    state = [[frozenset(start(r, s)) for s in range(slots)] for r in range(n)]
     states = [state]
     for step in sorted({r["step"] for r in rows}):
         before, new = states[-1], [list(row) for row in states[-1]]
@@ -256,8 +256,9 @@ def size_sweep_figure(measured: dict, predicted: dict | None = None, title: str 
     return fig
 
 
-def size_sweep_bandwidth_figure(measured: dict, predicted: dict | None = None, title: str = "Time and bandwidth vs size",
-                                unit: str | None = None, *, vlines: dict | None = None) -> go.Figure:
+def size_sweep_bandwidth_figure(measured: dict, predicted: dict | None = None,
+                                title: str = "Time and bandwidth vs size", unit: str | None = None, *,
+                                vlines: dict | None = None) -> go.Figure:
     """Time (left) and algorithm bandwidth, tensor bytes / time (right), vs tensor size, log-log.
     measured {name: (sizes, seconds)} as markers, predicted as dashed lines; one colour per name
     in both panels; the time unit as in `size_sweep_figure`."""

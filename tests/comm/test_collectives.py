@@ -3,7 +3,7 @@ exact byte counts; alpha-beta time exact on the simulated device; mismatches as 
 import pytest
 
 from pipelib.comm import collectives as C
-from pipelib.comm.alphabeta import chunk_sizes, expected_bytes, predicted_time
+from pipelib.comm.alphabeta import expected_bytes, predicted_time
 from pipelib.runtime.errors import RankError
 from subgroups import group as _group  # tests/comm/subgroups.py
 
@@ -11,72 +11,55 @@ pytestmark = pytest.mark.cluster
 
 
 def _compare(ranks, sizes, big):
-    """Run every collective on the group of `ranks`; return a list of failures (empty = ok)."""
+    """Run every entry of the registry, and its twin (torch's built-in), on the group of `ranks`:
+    the same result and exactly `expected_bytes`. Returns a list of failures (empty = ok)."""
     import torch
     import torch.distributed as dist
 
-    from pipelib.comm import collectives as C
     from pipelib.comm import p2p as comms
+    from pipelib.comm.registry import REGISTRY
 
     g = _group(ranks)
     if dist.get_rank() not in ranks:
         return []
     n, me = len(ranks), ranks.index(dist.get_rank())
-    bad = []
-
-    def check(name, got, want, nbytes_sent, shape, itemsize, root=0, exact=True):
-        ok = torch.equal(got, want) if exact else torch.allclose(got, want, rtol=1e-5, atol=1e-4)
-        if not ok:
-            bad.append(f"{name} n={n} shape={shape} dtype={got.dtype}: values differ")
-        exp = expected_bytes(name, shape, itemsize, n, me, root)
-        if nbytes_sent != exp:
-            bad.append(f"{name} n={n} shape={shape}: sent {nbytes_sent} bytes, formula {exp}")
-
-    def sent(fn, *a, **k):
-        comms.reset_counters()
-        out = fn(*a, **k)
-        return out, comms.counters()["bytes_sent"]
-
+    root, bad = n - 1, []
     for size in sizes:
         for dtype, ops in ((torch.float32, ("sum", "avg", "max")), (torch.int64, ("sum", "max"))):
             if size == big and dtype != torch.float32:
                 continue
             gen = torch.Generator().manual_seed(1000 * dist.get_rank() + size)
             x = (torch.randn(size, generator=gen) * 100).to(dtype)
-            exact = dtype != torch.float32
-            isz = x.element_size()
-            for op in ops:
-                if size == big and op != "sum":
-                    continue
-                ref = x.clone()
-                dist.all_reduce(ref, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=g)
-                if op == "avg":
-                    ref = ref / n
-                for name in ("all_reduce", "all_reduce_naive"):
-                    y, b = sent(getattr(C, name), x.clone(), op, g)
-                    check(name, y, ref, b, x.shape, isz, exact=exact or op == "max")
-                y, b = sent(C.reduce_scatter, x, op, g)
-                check("reduce_scatter", y, torch.tensor_split(ref, n)[me], b, x.shape, isz, exact=exact or op == "max")
-                root = n - 1
-                y, b = sent(C.reduce, x.clone(), root, op, g)
-                if me == root:
-                    check("reduce", y, ref, b, x.shape, isz, root=root, exact=exact or op == "max")
-                elif b != expected_bytes("reduce", x.shape, isz, n, me, root):
-                    bad.append(f"reduce bytes n={n} rank {me}: {b}")
-            root = 1 % n
-            want = x.clone()
-            dist.broadcast(want, ranks[root], group=g)
-            y, b = sent(C.broadcast, x.clone(), root, g)
-            check("broadcast", y, want, b, x.shape, isz, root=root)
-            want = torch.empty(n * size, dtype=dtype)
-            dist.all_gather_into_tensor(want, x, group=g)
-            y, b = sent(C.all_gather, x, g)
-            check("all_gather", y, want, b, x.shape, isz)
-            sz = chunk_sizes(size, n)
-            want = torch.empty(n * sz[me], dtype=dtype)
-            dist.all_to_all_single(want, x, output_split_sizes=[sz[me]] * n, input_split_sizes=sz, group=g)
-            y, b = sent(C.all_to_all, x, g)
-            check("all_to_all", y, want, b, x.shape, isz)
+            for info in REGISTRY.values():
+                for op in (ops if info.reduces else ("sum",)):
+                    if size == big and op != "sum":
+                        continue
+                    case = f"{info.name} {op} n={n} size={size} {dtype}"
+                    try:
+                        want, twin_ran = info.twin(x.clone(), g, root=root, op=op), True
+                    except ValueError:  # scatter: dim 0 must split into n equal blocks
+                        want, twin_ran = None, False
+                    comms.reset_counters()
+                    try:
+                        got, ran = info.run(x.clone(), g, root=root, op=op), True
+                    except ValueError:  # the same, and halving/doubling: a power-of-two group
+                        got, ran = None, False
+                    sent = comms.counters()["bytes_sent"]
+                    if not (ran and twin_ran):
+                        if sent or (ran != twin_ran and n & (n - 1) == 0):  # refused: before any message
+                            bad.append(f"{case}: ours ran {ran}, the twin ran {twin_ran}, sent {sent} bytes")
+                        continue
+                    exact = dtype != torch.float32 or op == "max" or not info.reduces
+                    if not info.holds_result(me, root):
+                        pass
+                    elif got is None or want is None:
+                        if got is not want:
+                            bad.append(f"{case}: ours {type(got).__name__}, twin {type(want).__name__}")
+                    elif not (torch.equal(got, want) if exact else torch.allclose(got, want, rtol=1e-5, atol=1e-3)):
+                        bad.append(f"{case}: values differ")
+                    exp = info.run_bytes(x.shape, x.element_size(), n, me, root)
+                    if sent != exp:
+                        bad.append(f"{case}: sent {sent} bytes, formula {exp}")
     return bad
 
 
@@ -168,6 +151,26 @@ def test_mismatch_is_a_clear_error_and_the_cluster_stays_usable(cluster4, kind, 
         cluster4.run(_mismatch, kind)
     assert sorted(err.value.errors) == [0, 1, 2, 3]  # every rank raised: nobody hangs
     assert cluster4.run(_timed, "all_reduce", 8)  # usable again
+
+
+def _labelled():
+    import torch
+
+    C.all_reduce(torch.ones(8), label="blocks.0.mlp.c_proj g forward")
+    C.all_gather(torch.ones(2))
+
+
+def test_a_label_names_the_collective_event(cluster4):
+    """label= names the COLLECTIVE event "<name>: <label>" (tensor parallelism's layers), and
+    leaves its messages' labels, which the figures replay, as they were."""
+    from pipelib.viz import comm as viz_comms
+
+    cluster4.reset()
+    cluster4.run(_labelled)
+    trace = cluster4.trace()
+    assert sorted({e.label for e in trace.filter(kind="collective")}) == [
+        "all_gather", "all_reduce: blocks.0.mlp.c_proj g forward"]
+    assert {r["name"] for r in viz_comms.message_steps(trace)} == {"all_reduce", "all_gather"}
 
 
 def _one(name):
