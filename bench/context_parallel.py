@@ -32,9 +32,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from _results import load, write  # noqa: E402  (bench/, the script's own folder)
 
-VARIANTS = ("ring", "allgather", "ulysses", "alone")
 
+def _timers() -> dict:
+    """Each variant of the registry by name, and "alone": every rank's ring work without messages."""
+    from functools import partial
 
+    from pipelib.context_parallel.timing import time_alone, time_attention
+    from pipelib.context_parallel.variants import REGISTRY
+
+    return {**{name: partial(time_attention, name) for name in REGISTRY}, "alone": time_alone}
 
 
 def main() -> dict:
@@ -52,22 +58,23 @@ def main() -> dict:
     import torch
 
     from pipelib import Cluster
-    from pipelib.context_parallel.timing import time_attention
 
+    timers = _timers()
+    names = tuple(timers)
     kw = dict(heads=a.heads, head_dim=a.head_dim, dtype=torch.float32)
     out = {"seq_len": a.seq, "heads": a.heads, "head_dim": a.head_dim, "dtype": "float32", "causal": True,
            "layout": "zigzag", "cores": os.cpu_count(), "repeats": a.repeats, "load_before": load(), "worlds": {}}
     for n in [int(w) for w in a.worlds.split(",")]:
         t0 = time.time()
         with Cluster(n, device="cpu", timeout=600) as cluster:
-            for v in VARIANTS:                      # warm-up: first calls, first messages
-                cluster.run(time_attention, v, a.seq, 1, **kw)
+            for v in names:                         # warm-up: first calls, first messages
+                cluster.run(timers[v], a.seq, 1, **kw)
             rounds = []
             for i in range(a.repeats):
-                order = VARIANTS[i % 4:] + VARIANTS[:i % 4]
-                rounds.append({v: max(t[0] for t in cluster.run(time_attention, v, a.seq, 1, warmup=False, **kw))
+                order = names[i % len(names):] + names[:i % len(names)]
+                rounds.append({v: max(t[0] for t in cluster.run(timers[v], a.seq, 1, warmup=False, **kw))
                                for v in order})
-        med = {v: statistics.median(r[v] for r in rounds) for v in VARIANTS}
+        med = {v: statistics.median(r[v] for r in rounds) for v in names}
         ratio = {f"{v}/ring": statistics.median(r[v] / r["ring"] for r in rounds) for v in ("allgather", "ulysses")}
         ratio["ring/alone"] = statistics.median(r["ring"] / r["alone"] for r in rounds)
         out["worlds"][n] = {"median_step_s": med, "ratios": ratio, "rounds": rounds, "wall_s": time.time() - t0,

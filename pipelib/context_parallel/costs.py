@@ -28,18 +28,65 @@ from __future__ import annotations
 
 import math
 
+from pipelib.context_parallel.layouts import layout_info
 
-def variant_bytes(variant: str, batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int,
-                  n: int) -> dict:
-    """{"forward", "backward"} bytes one rank sends in one step of `variant` (exact)."""
+
+def ring_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
+    """Ring attention: n - 1 K/V blocks forward; n - 1 K/V blocks and n dK/dV blocks backward."""
+    block = 2 * batch * heads * shard_len * head_dim * itemsize
+    return {"forward": (n - 1) * block, "backward": (2 * n - 1) * block if n > 1 else 0}
+
+
+def allgather_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
+    """All-gather (Llama 3): a ring all-gather of K/V forward, a reduce-scatter of dK/dV backward."""
+    block = 2 * batch * heads * shard_len * head_dim * itemsize
+    return {"forward": (n - 1) * block, "backward": (n - 1) * block}
+
+
+def ulysses_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
+    """Ulysses: (n-1)/n of Q, K, V and O forward, of dO, dQ, dK, dV backward (all-to-alls)."""
     N = batch * heads * shard_len * head_dim * itemsize
-    if variant == "ring":
-        return {"forward": (n - 1) * 2 * N, "backward": (2 * n - 1) * 2 * N if n > 1 else 0}
-    if variant == "allgather":
-        return {"forward": (n - 1) * 2 * N, "backward": (n - 1) * 2 * N}
-    if variant == "ulysses":
-        return {"forward": (n - 1) * 4 * N // n, "backward": (n - 1) * 4 * N // n}
-    raise ValueError(f"unknown variant {variant!r}; use 'ring', 'allgather' or 'ulysses'")
+    return {"forward": (n - 1) * 4 * N // n, "backward": (n - 1) * 4 * N // n}
+
+
+def _compute(profile, batch: int, heads: int, shard_len: int, head_dim: int, n: int, causal: bool):
+    """(forward, backward) compute seconds of one rank: its visible (query, key) pairs, S(S+1)/(2n)
+    under causal masking (exact for zigzag shards, the mean otherwise) or c S, at 4 and 10 B H D
+    FLOPs each (`blockwise.attention_flops`)."""
+    S = n * shard_len
+    pairs = S * (S + 1) / (2 * n) if causal else shard_len * S
+    flops = pairs * batch * heads * head_dim
+    return profile.compute_time(4 * flops), profile.compute_time(10 * flops)
+
+
+def ring_time(profile, batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int,
+              causal: bool = True) -> float:
+    """Predicted seconds of one ring step: each of the n - 1 forward and n - 1 backward ring steps
+    lasts the longer of its compute (1/n of the rank's) and one K/V block's message (K/V and
+    dK/dV fly side by side backward); the last hop of dK/dV home hides behind the deferred dQ
+    (a fifth of one step's backward)."""
+    f, b = _compute(profile, batch, heads, shard_len, head_dim, n, causal)
+    if n == 1:
+        return f + b
+    m = profile.message_time(2 * batch * heads * shard_len * head_dim * itemsize)
+    return (n - 1) * (max(f / n, m) + max(b / n, m)) + f / n + b / n + max(0.0, m - b / (5 * n))
+
+
+def allgather_time(profile, batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int,
+                   causal: bool = True) -> float:
+    """Predicted seconds: compute, then n - 1 ring steps of K/V blocks each way, not overlapped."""
+    f, b = _compute(profile, batch, heads, shard_len, head_dim, n, causal)
+    return f + b + 2 * (n - 1) * profile.message_time(2 * batch * heads * shard_len * head_dim * itemsize) * (n > 1)
+
+
+def ulysses_time(profile, batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int,
+                 causal: bool = True) -> float:
+    """Predicted seconds: compute, and four pairwise all-to-alls of n - 1 steps each (Q, K, V
+    and O forward, dO and dQ, dK, dV backward), not overlapped."""
+    f, b = _compute(profile, batch, heads, shard_len, head_dim, n, causal)
+    N = batch * heads * shard_len * head_dim * itemsize
+    steps = profile.message_time(3 * N // n) + profile.message_time(N // n)
+    return f + b + 2 * (n - 1) * steps
 
 
 def crossover_shard_len(flops: float, alpha: float, beta: float, batch: int, heads: int, head_dim: int,
@@ -55,8 +102,9 @@ def ring_peak_bytes(batch: int, heads: int, shard_len: int, head_dim: int, items
                     layout: str = "zigzag", tile: int | None = None) -> int:
     """Peak bytes one ring rank holds in forward + backward: Q, K, V, O (4 B H c D) and lse
     (B H c) saved; during backward K/V, its next block and dK/dV (6 B H c D); one score block
-    S and P of the largest piece (2 B H p^2, p = c/2 under zigzag, else c; at most `tile`)."""
-    p = shard_len // 2 if layout == "zigzag" else shard_len
+    S and P of the largest piece (2 B H p^2, p = c/2 under zigzag, else c; at most `tile`;
+    `layouts.Layout.longest_piece`)."""
+    p = layout_info(layout).longest_piece(shard_len)
     p = p if tile is None else min(p, tile)
     BH = batch * heads
     return itemsize * BH * (10 * shard_len * head_dim + shard_len + 2 * p * p)

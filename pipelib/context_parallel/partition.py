@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 
 from pipelib.checks import check_int
+from pipelib.context_parallel.layouts import REGISTRY, layout_info
 
-LAYOUTS = ("contiguous", "zigzag", "striped")
+LAYOUTS = tuple(REGISTRY)   # the names, in the book's order (`layouts`: one entry each)
 
 
 def check_layout(seq_len: int, n: int, layout: str, context: str = "context parallel") -> int:
@@ -31,12 +32,11 @@ def check_layout(seq_len: int, n: int, layout: str, context: str = "context para
     `n` ranks; return the shard length S / n."""
     check_int(n, "n", context=context, hint="the number of ranks the sequence is split over")
     check_int(seq_len, "seq_len", context=context, hint="the full sequence length")
-    if layout not in LAYOUTS:
-        raise ValueError(f"{context}: unknown layout {layout!r}; use one of {LAYOUTS}")
-    parts = 2 * n if layout == "zigzag" else n
+    info = layout_info(layout, context)
+    parts = info.chunks_per_rank * n
     if seq_len % parts:
-        what = f"2n = {parts} chunks (zigzag gives each rank chunks r and 2n-1-r)" if layout == "zigzag" \
-            else f"n = {parts} shards"
+        what = f"{info.chunks_per_rank}n = {parts} chunks" if info.chunks_per_rank > 1 else f"n = {parts} shards"
+        what += f" ({info.rule})" if info.rule else ""
         raise ValueError(f"{context}: sequence length {seq_len} does not split into {what} "
                          f"({seq_len} % {parts} = {seq_len % parts}); pad the sequence to a multiple "
                          f"of {parts} or use another number of ranks")
@@ -45,14 +45,12 @@ def check_layout(seq_len: int, n: int, layout: str, context: str = "context para
 
 def shard_pieces(seq_len: int, n: int, rank: int, layout: str = "zigzag") -> list[tuple[int, int, torch.Tensor]]:
     """Rank `rank`'s shard: [(start, stop, positions)], pieces in the order they sit locally."""
-    c = check_layout(seq_len, n, layout)
-    if layout == "contiguous":
-        return [(0, c, torch.arange(rank * c, (rank + 1) * c))]
-    if layout == "striped":
-        return [(0, c, torch.arange(rank, seq_len, n))]
-    h = c // 2
-    return [(0, h, torch.arange(rank * h, (rank + 1) * h)),
-            (h, c, torch.arange((2 * n - 1 - rank) * h, (2 * n - rank) * h))]
+    check_layout(seq_len, n, layout)
+    pieces, start = [], 0
+    for r in layout_info(layout).ranges(seq_len, n, rank):
+        pieces.append((start, start + len(r), torch.arange(r.start, r.stop, r.step)))
+        start += len(r)
+    return pieces
 
 
 def tile_pieces(pieces, tile: int | None):

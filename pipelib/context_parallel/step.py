@@ -4,11 +4,12 @@
     check_attention(results, reference_attention(64, heads=4, layout="zigzag", n=4))
 
 Every rank draws the same full Q, K, V and output gradient dO from `seed`, keeps its shard,
-runs the variant forward, then backward with its shard of dO (so the gradients are those of
-the loss sum(O * dO)). It returns a `pipelib.results.StepResult` whose grads are named by shard
-("dq[r]", ...) and whose stats hold its output shard, the bytes it sent forward and backward,
-the (query, key) pairs it computed, its peak memory (on a fresh memory tracker: this step's
-bytes only) and its device time.
+runs the variant (`variants.variant_info`) forward, then backward with its shard of dO (so the
+gradients are those of the loss sum(O * dO)). It returns a `pipelib.results.StepResult` whose
+grads are named by shard ("dq[r]", ...), measured by one `Device.measure` scope on an empty
+tracker (this step's bytes only): `peak_bytes`, `bytes_sent` (one entry: the step) and `times`
+(the step, on the device's clock). Its stats hold the output shard, the bytes sent forward and
+backward (nested scopes) and the (query, key) pairs computed.
 
 Introduced in chapter 17.
 """
@@ -17,15 +18,12 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipelib.comm import p2p
-from pipelib.context_parallel.allgather import allgather_attention
 from pipelib.context_parallel.partition import check_layout, split_sequence
-from pipelib.context_parallel.ring import ring_attention
-from pipelib.context_parallel.ulysses import ulysses_attention
+from pipelib.context_parallel.variants import variant_info
 from pipelib.results import StepResult, check_against_reference
 from pipelib.runtime.device import current
-
-VARIANTS = {"ring": ring_attention, "allgather": allgather_attention, "ulysses": ulysses_attention}
+from pipelib.runtime.mesh import Mesh
+from pipelib.topology import Topology
 
 
 def attention_inputs(seq_len: int, batch: int = 1, heads: int = 4, head_dim: int = 8,
@@ -42,28 +40,24 @@ def attention_step(variant: str, seq_len: int, *, batch: int = 1, heads: int = 4
     """Forward and backward of `variant` ("ring", "allgather", "ulysses") on this rank of
     `group`; None on a rank outside it. `inputs`, if given, is this rank's (q, k, v, dout)
     shards (to feed ranks different shapes on purpose); `tile`: see `ring_attention`."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown attention variant {variant!r}; use one of {sorted(VARIANTS)}")
+    attention = variant_info(variant).attention
     if dist.get_rank(group) < 0:
         return None
     n, me = dist.get_world_size(group), dist.get_rank(group)
     if inputs is None:
         check_layout(seq_len, n, layout, context=f"rank {dist.get_rank()}: attention_step({variant!r})")
-        inputs = [split_sequence(t, n, me, layout) for t in attention_inputs(seq_len, batch, heads, head_dim, dtype, seed)]
+        full = attention_inputs(seq_len, batch, heads, head_dim, dtype, seed)
+        inputs = [split_sequence(t, n, me, layout) for t in full]
     q, k, v, dout = [t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs)]
-    dev = current()
-    dev.memory = dev.fresh_memory()  # this step's bytes only, not what an earlier step left tracked
-    stats: dict = {}
-    p2p.reset_counters()
-    t0 = dev.clock.now()
-    with dev.memory.saved_activations():
-        out = VARIANTS[variant](q, k, v, group, layout=layout, causal=causal, stats=stats, tile=tile)
-    sent_forward = p2p.counters()["bytes_sent"]
-    out.backward(dout)
-    stats.update(out=out.detach(), bytes_forward=sent_forward,
-                 bytes_backward=p2p.counters()["bytes_sent"] - sent_forward,
-                 peak_memory=dev.memory.peak, time=dev.clock.now() - t0)
-    return StepResult(grads={f"d{x}[{me}]": t.grad for x, t in zip("qkv", (q, k, v))}, stats=stats)
+    dev, stats = current(), {}
+    with dev.measure(fresh_memory=True) as step:   # this step's bytes only, not an earlier step's
+        with dev.measure() as forward, dev.memory.saved_activations():
+            out = attention(q, k, v, group, layout=layout, causal=causal, stats=stats, tile=tile)
+        with dev.measure() as backward:
+            out.backward(dout)
+    stats.update(out=out.detach(), bytes_forward=forward.bytes_sent, bytes_backward=backward.bytes_sent)
+    return StepResult(grads={f"d{x}[{me}]": t.grad for x, t in zip("qkv", (q, k, v))}, stats=stats,
+                      times=(step.time,), peak_bytes=step.peak_bytes, bytes_sent=(step.bytes_sent,))
 
 
 def reference_attention(seq_len: int, n: int, *, batch: int = 1, heads: int = 4, head_dim: int = 8,
@@ -90,37 +84,28 @@ def check_attention(results, reference: dict, **tol):
     return max(worst, check_against_reference(rs, ref_grads=reference["grads"], **tol).max_abs_diff)
 
 
-def prefix_group(size: int):
-    """The process group of ranks 0..size-1 (all of them made on the first call, which every
-    rank of the world must make: `dist.new_group` is collective), kept on this rank's device."""
-    dev = current()
-    groups = dev.groups.get("context_parallel_prefix_groups")
-    if groups is None:
-        world = dist.get_world_size()
-        groups = dev.groups["context_parallel_prefix_groups"] = {
-            k: dist.new_group(list(range(k))) for k in range(1, world + 1)}
-    return groups[size]
+def cp_group(ranks: int):
+    """This rank's group on a 1-axis "cp" mesh over ranks 0..ranks-1 (`Mesh.first`), None off
+    it. Every rank of the world calls it, in one order: groups are made collectively. One rank
+    alone has no cp group in the topology, and the group of one rank must be made by every rank
+    (`Mesh.__getitem__` of a size-1 axis), so all the world's ranks then sit on the grid, along dp."""
+    mesh = Mesh(Topology(dp=dist.get_world_size())) if ranks == 1 else Mesh.first(ranks, "cp")
+    group = mesh["cp"] if mesh.contains else None
+    return group if dist.get_rank() < ranks else None
 
 
 def memory_probe(variant: str, seq_len: int, ranks: int, capacity: int | None = None, **kw) -> dict | None:
-    """One step of `variant` on ranks 0..ranks-1, on a simulated device of `capacity` bytes
-    (None: the device's own): {"fits": True, "peak": bytes measured} or {"fits": False,
-    "need": bytes it asked for} when the device ran out of memory. None off the group."""
+    """One step of `variant` on ranks 0..ranks-1 (`cp_group`), on a simulated device of
+    `capacity` bytes (None: the device's own): {"fits": True, "peak": bytes measured} or
+    {"fits": False, "need": bytes it asked for} when the device ran out of memory. None off the
+    group. Every rank of the world calls it."""
     from pipelib.runtime.memtrack import SimulatedOutOfMemoryError
 
-    group = prefix_group(ranks)
-    if dist.get_rank(group) < 0:
+    group = cp_group(ranks)
+    if group is None:
         return None
-    dev = current()
-    mem = dev.memory
-    before, held = mem.capacity, dict(mem.bytes)
-    mem.capacity = capacity if capacity is not None else before  # the step's fresh tracker inherits it
     try:
-        r = attention_step(variant, seq_len, group=group, **kw)
-        return {"fits": True, "peak": r.stats["peak_memory"]}
+        with current().overrides(capacity=capacity):
+            return {"fits": True, "peak": attention_step(variant, seq_len, group=group, **kw).peak_bytes}
     except SimulatedOutOfMemoryError as e:
         return {"fits": False, "need": e.need}
-    finally:
-        dev.memory = mem
-        mem.capacity = before
-        mem.bytes.update(held)

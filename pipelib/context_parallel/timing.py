@@ -5,9 +5,9 @@ rank's FLOPs without any message (`bench/context_parallel.py`).
 a barrier; a step's time is this rank's wall time from the barrier to the end of its backward
 (the slowest rank's is the step's). `rank_work` is rank `rank`'s share of ring attention done
 with every K/V shard at hand and no communication: the same blockwise kernels on the same
-shards, so ring time / its time is the ring's overhead (`time_attention("alone", ...)` times it
-on every engine at once, under the same core sharing as the ring; `time_rank_alone` in this
-process).
+shards, so ring time / its time is the ring's overhead (`time_alone` times it on every engine at
+once, under the same core sharing as the ring; `time_rank_alone` in this process). Predicted
+times (alpha-beta and roofline, for a device profile) are the registry's: `variants.Variant.predicted_time`.
 
 Introduced in chapter 17 (its benchmark).
 """
@@ -21,22 +21,37 @@ import torch.distributed as dist
 from pipelib.context_parallel.blockwise import attend_pieces, attend_pieces_backward, merge_partials
 from pipelib.context_parallel.partition import shard_pieces, split_sequence
 from pipelib.context_parallel.step import attention_inputs, attention_step
+from pipelib.context_parallel.variants import variant_info
 
 
 def time_attention(variant: str, seq_len: int, repeats: int = 3, *, group=None, layout: str = "zigzag",
                    warmup: bool = True, **kw) -> list[float]:
-    """This rank's seconds per step of `variant`, `repeats` steps after one warm-up (unless
-    `warmup=False`); `variant` "alone" times this rank's own ring work without messages
-    (`rank_work`), from the same barrier."""
+    """This rank's seconds per step of `variant` (a name of `variants.REGISTRY`), `repeats`
+    steps after one warm-up (unless `warmup=False`)."""
+    variant_info(variant)   # an unknown name fails here, before any barrier
     n, me = dist.get_world_size(group), dist.get_rank(group)
-    args = {k: kw[k] for k in ("batch", "heads", "head_dim", "dtype", "seed") if k in kw}
-    if variant == "alone":
-        work = rank_work(seq_len, n, me, layout=layout, causal=kw.get("causal", True), **args)
-    else:
-        shards = [split_sequence(t, n, me, layout) for t in attention_inputs(seq_len, **args)]
+    shards = [split_sequence(t, n, me, layout) for t in attention_inputs(seq_len, **_inputs(kw))]
 
-        def work():
-            attention_step(variant, seq_len, group=group, layout=layout, inputs=shards, **kw)
+    def work():
+        attention_step(variant, seq_len, group=group, layout=layout, inputs=shards, **kw)
+    return _timed(work, repeats, group, warmup)
+
+
+def time_alone(seq_len: int, repeats: int = 3, *, group=None, layout: str = "zigzag", warmup: bool = True,
+               **kw) -> list[float]:
+    """This rank's seconds per step of its own ring work without messages (`rank_work`), timed
+    as `time_attention` times a variant: from the same barrier, under the same core sharing."""
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    work = rank_work(seq_len, n, me, layout=layout, causal=kw.get("causal", True), **_inputs(kw))
+    return _timed(work, repeats, group, warmup)
+
+
+def _inputs(kw: dict) -> dict:
+    return {k: kw[k] for k in ("batch", "heads", "head_dim", "dtype", "seed") if k in kw}
+
+
+def _timed(work, repeats: int, group, warmup: bool) -> list[float]:
+    """Seconds of `work()` from a barrier of `group`, `repeats` times after one warm-up."""
     times = []
     for i in range(repeats + int(warmup)):
         dist.barrier(group)

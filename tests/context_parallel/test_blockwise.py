@@ -72,13 +72,28 @@ def test_bad_sequence_lengths_are_named():
         part.check_layout(30, 4, "zigzag")
     with pytest.raises(ValueError, match=r"sequence length 10 does not split into n = 4 shards"):
         part.split_sequence(torch.zeros(1, 1, 10, 2), 4, 0, "contiguous")
-    with pytest.raises(ValueError, match="unknown layout 'diagonal'"):
+    names = r"\('contiguous', 'zigzag', 'striped'\)"
+    with pytest.raises(ValueError, match=rf"unknown layout 'diagonal'; use one of {names}"):
         part.check_layout(8, 2, "diagonal")
 
 
+def test_layout_registry_deals_every_position_once():
+    from pipelib.context_parallel.layouts import REGISTRY, layout_info
+
+    assert part.LAYOUTS == tuple(REGISTRY) == ("contiguous", "zigzag", "striped")
+    assert layout_info("zigzag").ranges(16, 4, 1) == (range(2, 4), range(12, 14))
+    for name, info in REGISTRY.items():
+        for n in (1, 2, 3, 4):
+            S = 12 * n
+            got = sorted(p for r in range(n) for rg in info.ranges(S, n, r) for p in rg)
+            assert got == list(range(S)), name
+            assert max(len(rg) for rg in info.ranges(S, n, 0)) == info.longest_piece(S // n), name
+
+
 def test_formulas():
-    assert costs.variant_bytes("ring", 1, 4, 8, 8, 8, 4) == {"forward": 12288, "backward": 28672}
-    assert costs.variant_bytes("ulysses", 1, 4, 8, 8, 8, 4) == {"forward": 6144, "backward": 6144}
+    assert costs.ring_bytes(1, 4, 8, 8, 8, 4) == {"forward": 12288, "backward": 28672}
+    assert costs.allgather_bytes(1, 4, 8, 8, 8, 4) == {"forward": 12288, "backward": 12288}
+    assert costs.ulysses_bytes(1, 4, 8, 8, 8, 4) == {"forward": 6144, "backward": 6144}
     # crossover without latency: c* = i F / (2 beta)
     assert costs.crossover_shard_len(1e12, 0.0, 1e10, 1, 8, 64, 2) == pytest.approx(100.0)
     assert costs.ring_peak_bytes(1, 4, 8, 8, 8, "zigzag") == 21760

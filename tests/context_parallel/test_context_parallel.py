@@ -8,9 +8,10 @@ import sys
 import pytest
 import torch
 
-from pipelib.context_parallel.costs import crossover_shard_len, ring_peak_bytes, variant_bytes
+from pipelib.context_parallel.costs import crossover_shard_len, ring_peak_bytes
 from pipelib.context_parallel.partition import LAYOUTS, imbalance
 from pipelib.context_parallel.step import check_attention, reference_attention
+from pipelib.context_parallel.variants import REGISTRY, variant_bytes
 from pipelib.runtime.errors import RankError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "comm"))
@@ -23,12 +24,12 @@ DTYPES = (torch.float32, torch.float64)
 
 
 def _matrix(ranks):
-    from pipelib.context_parallel.step import VARIANTS, attention_step
+    from pipelib.context_parallel.step import attention_step
 
     g = _group(ranks)
     return {(var, layout, causal, str(dtype)): attention_step(var, S, heads=HEADS, head_dim=D, layout=layout,
                                                                causal=causal, dtype=dtype, group=g)
-            for var in VARIANTS for layout in LAYOUTS for causal in (False, True) for dtype in DTYPES}
+            for var in REGISTRY for layout in LAYOUTS for causal in (False, True) for dtype in DTYPES}
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
@@ -45,16 +46,17 @@ def test_every_variant_equals_sdpa_and_sends_the_formula(cluster4, n):
         want = variant_bytes(var, 1, HEADS, S // n, D, dtype.itemsize, n)
         for r in results:
             assert (r.stats["bytes_forward"], r.stats["bytes_backward"]) == (want["forward"], want["backward"]), key
+            assert r.bytes_sent == (want["forward"] + want["backward"],), key
         if var == "ring":
             for r in results:
-                assert r.stats["peak_memory"] == ring_peak_bytes(1, HEADS, S // n, D, dtype.itemsize, layout), key
+                assert r.peak_bytes == ring_peak_bytes(1, HEADS, S // n, D, dtype.itemsize, layout), key
 
 
 def _timed(variant, seq, layout, heads, head_dim):
     from pipelib.context_parallel.step import attention_step
 
     return attention_step(variant, seq, heads=heads, head_dim=head_dim, layout=layout, causal=True,
-                          dtype=torch.float32).stats["time"]
+                          dtype=torch.float32).times[0]
 
 
 def _busy(trace, n):
@@ -112,7 +114,8 @@ def _bad(case):
 
 
 @pytest.mark.parametrize("case, message", [
-    ("shape", r"ring_attention: ranks disagree; shape/dtype differs: rank 0 \(1, 2, 6, 4\) float32, rank 1 \(1, 2, 4, 4\)"),
+    ("shape", r"ring_attention: ranks disagree; shape/dtype differs: rank 0 \(1, 2, 6, 4\) float32, "
+              r"rank 1 \(1, 2, 4, 4\)"),
     ("dtype", r"allgather_attention: ranks disagree; .*rank 2 \(1, 2, 4, 4\) float64"),
     ("odd", r"sequence length 12 does not split into 2n = 8 chunks"),
     ("uneven", r"attention_step\('allgather'\): sequence length 50 does not split into n = 4 shards \(50 % 4 = 2\)"),
@@ -167,14 +170,14 @@ def test_tiles_inside_shards_change_nothing_but_memory(cluster4, variant):
         res = cluster4.run(_tiled, layout, variant)
         check_attention(res, reference_attention(S, 4, heads=HEADS, head_dim=D, layout=layout), rtol=0, atol=1e-12)
     if variant == "ring":
-        assert res[0].stats["peak_memory"] == ring_peak_bytes(1, HEADS, S // 4, D, 8, "striped", tile=2)
+        assert res[0].peak_bytes == ring_peak_bytes(1, HEADS, S // 4, D, 8, "striped", tile=2)
 
 
 def test_the_benchmark_timers_run(cluster4):
-    from pipelib.context_parallel.timing import time_attention, time_rank_alone
+    from pipelib.context_parallel.timing import time_alone, time_attention, time_rank_alone
 
-    for variant in ("ring", "alone"):
-        times = cluster4.run(time_attention, variant, 16, 2, heads=2, head_dim=4)
+    for times in (cluster4.run(time_attention, "ring", 16, 2, heads=2, head_dim=4),
+                  cluster4.run(time_alone, 16, 2, heads=2, head_dim=4)):
         assert all(len(t) == 2 and min(t) > 0 for t in times), times
     assert len(time_rank_alone(16, 4, 3, 2, heads=2, head_dim=4)) == 2
 
@@ -198,3 +201,50 @@ def test_memory_probe_counts_only_its_own_step(cluster4):
     capacity = 64 * 1024
     for (r, kept) in cluster4.run(_probe_after_stale_bytes, 32, 2, capacity)[:2]:
         assert r["fits"] and r["peak"] == ring_peak_bytes(1, 2, 16, 4, 4) and kept, r
+
+
+def _on_cp_mesh(variant, c, heads, head_dim):
+    from pipelib.context_parallel.step import attention_step, cp_group
+
+    group = cp_group(4)
+    return attention_step(variant, 4 * c, heads=heads, head_dim=head_dim, dtype=torch.float32, group=group)
+
+
+@pytest.mark.parametrize("c, heads, head_dim", [(4, 4, 8), (8, 32, 256), (256, 4, 8)])  # latency, bytes, compute
+def test_registry_predicts_the_measured_step(cluster4, c, heads, head_dim):
+    """On the "cp" mesh: the bytes the trace tags with axis "cp" are the registry's formula, and
+    the predicted step time is within 3% of the simulated one, so it picks the same fastest."""
+    from pipelib.costmodel import get_profile
+
+    measured, predicted = {}, {}
+    for name, info in REGISTRY.items():
+        cluster4.reset()
+        res = cluster4.run(_on_cp_mesh, name, c, heads, head_dim)
+        want = info.bytes(1, heads, c, head_dim, 4, 4)
+        assert cluster4.trace().bytes_sent(0, axis="cp") == res[0].bytes_sent[0] == sum(want.values())
+        measured[name] = max(r.times[0] for r in res)
+        predicted[name] = info.predicted_time(get_profile("toy-gpu"), 1, heads, c, head_dim, 4, 4)
+        assert predicted[name] == pytest.approx(measured[name], rel=0.03), name
+    assert min(measured, key=measured.get) == min(predicted, key=predicted.get)
+
+
+def test_unknown_variant_lists_the_registry():
+    from pipelib.context_parallel.variants import variant_info
+
+    names = r"\['ring', 'allgather', 'ulysses'\]"
+    with pytest.raises(ValueError, match=rf"unknown attention variant 'tree'; use one of {names}"):
+        variant_info("tree")
+    assert REGISTRY["ring"].twin is not None and REGISTRY["ulysses"].twin is None
+
+
+def test_names_are_compared_only_in_the_registries():
+    """No variant or layout name is compared or branched on outside `variants` and `layouts`."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "pipelib" / "context_parallel"
+    names = "|".join((*REGISTRY, "contiguous", "zigzag", "striped", "alone"))
+    pattern = re.compile(rf"""(==|!=|\bin)\s*\(?["']({names})["']|["']({names})["']\s*(==|!=|in\b)""")
+    found = [f"{p.name}:{i}: {line.strip()}" for p in sorted(root.glob("*.py")) if p.stem not in ("variants", "layouts")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found
