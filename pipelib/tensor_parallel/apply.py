@@ -1,8 +1,9 @@
 """`apply_tensor_parallel(model, group, plan)`: the unaware model split from outside.
 
 Every rank of `group` builds the same full model (same seed), then keeps its shard: the plan
-(`pipelib.tensor_parallel.plan`) says which module gets which style, each style swaps the module
-for its parallel twin (`layers`, `vocab`) or, for ``heads``, only changes `n_head`. The model's
+(`pipelib.tensor_parallel.plan`) says which module gets which style, and each style
+(`pipelib.tensor_parallel.styles`, torch's `ParallelStyle`) swaps the module for its parallel
+twin (`layers`, `vocab`) or, for ``heads``, only changes `n_head`. The model's
 own forward code is untouched: a column-parallel c_attn gives 3 C/t channels and model.py reads
 the head shapes from them.
 
@@ -21,60 +22,27 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from pipelib.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, gather_sequence_before
 from pipelib.tensor_parallel.ops import TPComm, all_reduce_tp
 from pipelib.tensor_parallel.plan import is_sequence_parallel, validate_plan
-from pipelib.tensor_parallel.vocab import PositionShard, VocabParallelEmbedding, VocabParallelHead
-
-_TP_ORDER = ("vocab_embedding", "position_shard", "heads", "colwise", "colwise_qkv", "rowwise",
-          "sequence", "vocab_head")  # the embedding before the head tied to it
-
-
-def _tp_set(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent, _, leaf = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, leaf, module)
+from pipelib.tensor_parallel.styles import Applying, style_of
 
 
 def apply_tensor_parallel(model: nn.Module, group, plan: dict, *, backend: str = "pipelib") -> nn.Module:
     """Shard `model` in place for this rank of `group` (t = the group's size) following `plan`;
     return it. Errors (unknown module or style, sizes not divisible by t) are raised before any
-    weight moves. The model's forward then runs the Megatron layer: f, column-parallel,
-    local math, row-parallel, g; under a plan with ``sequence`` entries, sequence parallelism."""
+    weight moves. Each module's style (`pipelib.tensor_parallel.styles`) then splits it, in the
+    styles' order (the embedding before the head tied to it, heads before their c_attn). The
+    model's forward then runs the Megatron layer: f, column-parallel, local math, row-parallel,
+    g; under a plan with a ``sequence`` style, sequence parallelism."""
     comm = TPComm(group, backend)
     matched = validate_plan(model, plan, comm.size)
     sp = is_sequence_parallel(plan)
     model.tp_comm, model.tp_sequence_parallel = comm, sp
-    todo = sorted(((plan[k], n) for k, names in matched.items() for n in names),
-                  key=lambda sn: (_TP_ORDER.index(sn[0]), sn[1]))
-    tied = {}  # id(full embedding weight) -> (shard Parameter, first row)
+    todo = sorted(((style_of(plan[k]), n) for k, names in matched.items() for n in names),
+                  key=lambda sn: (sn[0].order, sn[1]))
+    ctx = Applying(comm, sp)
     for style, name in todo:
-        m = model.get_submodule(name)
-        if style == "vocab_embedding":
-            new = VocabParallelEmbedding(m, comm, sequence_parallel=sp, label=name)
-            tied[id(m.weight)] = (new.weight, new.start)
-            _tp_set(model, name, new)
-        elif style == "position_shard":
-            _tp_set(model, name, PositionShard(m, comm))
-        elif style == "heads":
-            m.n_head //= comm.size
-            if sp:  # attention reads T from its input: gather the sequence before it runs
-                gather_sequence_before(m, comm, name)
-        elif style in ("colwise", "colwise_qkv"):
-            parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
-            _tp_set(model, name, ColumnParallelLinear(m, comm, fused=3 if style == "colwise_qkv" else 1,
-                                                   sequence_parallel=sp, label=name,
-                                                   gathered=getattr(parent, "tp_gathers_input", False)))
-        elif style == "rowwise":
-            _tp_set(model, name, RowParallelLinear(m, comm, sequence_parallel=sp, label=name))
-        elif style == "sequence":
-            for p in m.parameters():
-                p.tp_sequence = True
-        elif style == "vocab_head":
-            if id(m.weight) not in tied:
-                raise ValueError(f"plan[{name!r}] = 'vocab_head' needs its weight tied to an embedding "
-                                 f"the plan splits with 'vocab_embedding' (the GPT's wte); none found")
-            weight, start = tied[id(m.weight)]
-            _tp_set(model, name, VocabParallelHead(weight, start, comm, sequence_parallel=sp, label=name))
+        style.apply(model, name, model.get_submodule(name), ctx)
     return model
 
 

@@ -21,12 +21,13 @@ Who sends what: every rank of `group` (t ranks) takes part; an all-reduce of N b
 
 `TPComm` carries the group and the backend: ``"pipelib"`` runs the ring collectives of
 `pipelib.comm.collectives` (chapter 06: traced, on the simulated clock; every COLLECTIVE event is
-labelled with the layer and the operator, e.g. ``"all_reduce: blocks.0.mlp.c_proj g forward"``);
+labelled with the layer and the operator, passed as the collective's ``label=``, e.g.
+``"all_reduce: blocks.0.mlp.c_proj g forward"``, and tagged with the group's mesh axis);
 ``"torch"`` runs torch's built-ins (gloo or NCCL), untraced. Introduced in chapter 09.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -54,15 +55,6 @@ class TPComm:
         return dist.get_rank(self.group)
 
 
-def _relabel_collective(name: str, label: str) -> None:
-    from pipelib.runtime.device import current
-    from pipelib.trace import Kind
-
-    evs = current().tracer.events
-    if evs and evs[-1].kind == Kind.COLLECTIVE and evs[-1].label == name:
-        evs[-1] = replace(evs[-1], label=f"{name}: {label}")
-
-
 def all_reduce_tp(x: torch.Tensor, comm: TPComm, label: str, op: str = "sum") -> torch.Tensor:
     """Sum (or max) of x over the group, a new tensor; `label` names the layer and operator."""
     y = x.contiguous().clone()
@@ -73,9 +65,7 @@ def all_reduce_tp(x: torch.Tensor, comm: TPComm, label: str, op: str = "sum") ->
         return y
     from pipelib.comm.collectives import all_reduce
 
-    all_reduce(y, op, group=comm.group, check=False)
-    _relabel_collective("all_reduce", label)
-    return y
+    return all_reduce(y, op, group=comm.group, check=False, label=label)
 
 
 def _tp_seq_first(x):  # (B, T, ...) -> (T, B, ...) contiguous: the collectives cut dim 0
@@ -93,8 +83,7 @@ def all_gather_seq(x: torch.Tensor, comm: TPComm, label: str) -> torch.Tensor:
     else:
         from pipelib.comm.collectives import all_gather
 
-        out = all_gather(s, group=comm.group, check=False)
-        _relabel_collective("all_gather", label)
+        out = all_gather(s, group=comm.group, check=False, label=label)
     return out.transpose(0, 1)
 
 
@@ -109,8 +98,7 @@ def reduce_scatter_seq(x: torch.Tensor, comm: TPComm, label: str) -> torch.Tenso
     else:
         from pipelib.comm.collectives import reduce_scatter
 
-        out = reduce_scatter(s, group=comm.group, check=False)
-        _relabel_collective("reduce_scatter", label)
+        out = reduce_scatter(s, group=comm.group, check=False, label=label)
     return out.transpose(0, 1)
 
 

@@ -96,3 +96,60 @@ def test_layer_activation_count_at_t1_is_the_memory_modules():
         assert tp_layer_activation_bytes(b, s, h, a) == gpt_layer_activation_bytes(cfg, b, s)
         assert (tp_layer_activation_bytes(b, s, h, a, 2, sequence_parallel=True)
                 < tp_layer_activation_bytes(b, s, h, a, 2) < tp_layer_activation_bytes(b, s, h, a))
+
+
+# --------------------------------------------------------------------------- the style registry
+def test_every_style_has_every_field():
+    import inspect
+
+    from pipelib.tensor_parallel.styles import ParallelStyle, style_of
+
+    assert len({s.order for s in STYLES.values()}) == len(STYLES)  # one apply order
+    for name, style in STYLES.items():
+        assert isinstance(style, ParallelStyle) and style.name == name == str(style)
+        assert style_of(name) is style and style_of(style) is style
+        assert type(style).apply is not ParallelStyle.apply  # each one splits its module
+        assert list(inspect.signature(style.validate).parameters) == ["module", "name", "t", "where"]
+        assert isinstance(style.marks_sequence_parallel, bool)
+        assert repr(style) == f"{type(style).__name__}()"  # prints as torchtitan's plans do
+    assert [n for n, s in STYLES.items() if s.marks_sequence_parallel] == ["sequence"]
+    with pytest.raises(ValueError, match=r"unknown tensor-parallel style 'diagonal'; use one of \('colwise'"):
+        style_of("diagonal")
+
+
+def test_a_plan_of_style_objects_is_the_plan_of_their_names():
+    from pipelib.tensor_parallel.plan import is_sequence_parallel
+    from pipelib.tensor_parallel.styles import ColwiseParallel, RowwiseParallel
+
+    model = GPT(CFG)
+    for sp in (False, True):
+        plan = gpt_tp_plan(sequence_parallel=sp)
+        objects = {k: STYLES[v] for k, v in plan.items()}
+        assert validate_plan(model, objects, 2) == validate_plan(model, plan, 2)
+        assert is_sequence_parallel(objects) == is_sequence_parallel(plan) == sp
+    mixed = {"blocks.*.mlp.c_fc": ColwiseParallel(), "blocks.*.mlp.c_proj": "rowwise"}
+    assert validate_plan(model, mixed, 4)["blocks.*.mlp.c_proj"] == ["blocks.0.mlp.c_proj", "blocks.1.mlp.c_proj"]
+    with pytest.raises(ValueError, match=r"plan\['blocks.\*.ln_1'\] = 'rowwise' on blocks.0.ln_1 \(LayerNorm\): "
+                                         r"this style splits a Linear"):
+        validate_plan(model, {"blocks.*.ln_1": RowwiseParallel()}, 2)
+
+
+def test_no_style_name_is_compared_outside_the_registry():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    names = set(STYLES)
+
+    def tests(source):  # a name compared (==, !=, in a tuple) or mapped (a dict key)
+        for node in ast.walk(ast.parse(source)):
+            parts = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            elts = [e for p in parts for e in (p.elts if isinstance(p, (ast.Tuple, ast.List, ast.Set)) else [p])]
+            keys = node.keys if isinstance(node, ast.Dict) else []
+            if any(isinstance(e, ast.Constant) and e.value in names for e in [*elts, *keys]):
+                yield node.lineno
+
+    assert list(tests('if s == "rowwise" or s in ("heads",):\n    x = {"sequence": 1}\n')) == [1, 1, 2]
+    found = [f"{p.relative_to(root)}:{line}" for p in sorted((root / "pipelib").rglob("*.py"))
+             if p.name != "styles.py" or p.parent.name != "tensor_parallel" for line in tests(p.read_text())]
+    assert not found, f"style names compared or mapped outside tensor_parallel/styles.py: {found}"
