@@ -43,6 +43,11 @@ class Mesh:
                 group = make_group(ranks, axis, self.dev)
                 if self.global_rank in ranks:
                     self._groups[axis] = group
+        # an axis of size 1 is this rank alone: every rank makes every rank's group of one
+        # here, eagerly (new_group is collective: made lazily by some ranks only, it would hang)
+        alone = self._alone()
+        for axis in (*AXES, "ep"):
+            self._groups.setdefault(axis, alone)
         self.coords: Coords | None = (topology.coords(self.global_rank)
                                       if self.global_rank < topology.world_size else None)
 
@@ -65,8 +70,6 @@ class Mesh:
         if not self.contains:
             raise ValueError(f"rank {self.global_rank} is outside {self.topology}; check `mesh.contains` "
                              f"before asking for its groups")
-        if axis not in self._groups:  # size 1: this rank alone (made by every rank, in one order)
-            self._groups[axis] = self._alone()
         return self._groups[axis]
 
     def _alone(self):
