@@ -5,7 +5,8 @@ Pure arithmetic, no torch: built on `pipelib.memory`'s per-op counts of the tiny
 is checked against what the memory tracker measures (tests/recompute, chapter 14).
 
 A block of the tiny GPT saves L bytes (`gpt_layer_activation_bytes`) and takes an input of
-I = B T C dtype bytes. Under each policy (`pipelib.recompute.policies`), for n blocks:
+I = B T C dtype bytes. Under each policy (`pipelib.recompute.policies`; each one's formula below
+is its entry's `predict` in `pipelib.recompute.registry`), for n blocks:
 
 - none: all of it, n L, at its most at the end of the forward;
 - full / every_k (segments of k blocks, Chen et al. 2016): each segment keeps its input; in
@@ -29,12 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelib.checks import check_int
-from pipelib.memory import (INDEX_BYTES, STATS_BYTES, gpt_activation_bytes,
-                            gpt_forward_flops, gpt_layer_activation_bytes,
-                            megatron_layer_activation_bytes)
-
-KINDS = ("none", "full", "every_k", "selective")  # the same names as policies.POLICIES
+from pipelib.memory import (
+    INDEX_BYTES,
+    STATS_BYTES,
+    gpt_activation_bytes,
+    gpt_forward_flops,
+    gpt_layer_activation_bytes,
+    megatron_layer_activation_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -96,37 +99,54 @@ def _outside_blocks(cfg, B, T, dt, mask_bytes) -> tuple[int, int]:
     return embed, whole - blocks - embed
 
 
+def _sizes(cfg, B, T, dt, mask_bytes):
+    """(L bytes a block saves, embedding's, head's and loss's, per-block forward FLOPs)."""
+    L = gpt_layer_activation_bytes(cfg, B, T, dt, mask_bytes)
+    embed, head = _outside_blocks(cfg, B, T, dt, mask_bytes)
+    per_layer_flops = (gpt_forward_flops(cfg, B, T) - 2 * B * T * cfg.n_embd * cfg.vocab_size) // cfg.n_layer
+    return L, embed, head, per_layer_flops
+
+
+def keep_all_cost(cfg, B, T, k, dt, mask_bytes) -> tuple[int, int, int]:
+    """none: every block's n L, at its most at the end of the forward; no rerun."""
+    L, embed, head, _ = _sizes(cfg, B, T, dt, mask_bytes)
+    kept = embed + cfg.n_layer * L + head
+    return kept, kept, 0
+
+
+def segments_cost(cfg, B, T, k, dt, mask_bytes) -> tuple[int, int, int]:
+    """full and every_k: segments of k blocks keep their input; one rerun at a time (module doc)."""
+    L, embed, head, per_layer_flops = _sizes(cfg, B, T, dt, mask_bytes)
+    n, I = cfg.n_layer, dt * B * T * cfg.n_embd
+    sizes = [min(k, n - i) for i in range(0, n, k)]
+    kept = embed + len(sizes) * I + head
+    reruns = [embed + (j + 1) * I + size * L - I for j, size in enumerate(sizes)]
+    return kept, max(kept, *reruns), n * per_layer_flops
+
+
+def selective_cost(cfg, B, T, k, dt, mask_bytes) -> tuple[int, int, int]:
+    """selective: the core's tensors out, q, k, v in; the two T x T products rerun."""
+    _, embed, head, _ = _sizes(cfg, B, T, dt, mask_bytes)
+    n, S = cfg.n_layer, selective_layer_bytes(cfg, B, T, dt, mask_bytes)
+    kept = embed + n * S + head
+    # Rerunning the last block's core: its LayerNorm-1 tensors and q, k, v still held, the
+    # rest of that block, the head and the loss already freed.
+    at_core = dt * 5 * B * T * cfg.n_embd + 2 * B * T * STATS_BYTES
+    rerun = embed + (n - 1) * S + at_core + core_activation_bytes(cfg, B, T, dt, mask_bytes)
+    return kept, max(kept, rerun), n * 4 * B * T * T * cfg.n_embd
+
+
 def predict_policy(cfg, batch: int, seq: int, policy: str, k: int | None = None,
                    dtype_bytes: int = 4, mask_bytes: int | None = None) -> PolicyCost:
-    """The prediction for the whole tiny GPT, forward with loss then backward (module doc)."""
-    B, T, dt, n = batch, seq, dtype_bytes, cfg.n_layer
+    """The prediction for the whole tiny GPT, forward with loss then backward (module doc):
+    `pipelib.recompute.registry.policy_info(policy).cost(...)`."""
+    from pipelib.recompute.registry import policy_info
+
     if getattr(cfg, "flash", False):
         raise ValueError("predict_policy counts the written-out attention; got a config with "
                          "flash=True, whose core is one fused kernel (its CPU kernel is not in "
                          "torch's FLOP counter either): use flash=False to compare")
-    if policy not in KINDS:
-        raise ValueError(f"unknown recomputation policy {policy!r}; choose one of {KINDS}")
-    L = gpt_layer_activation_bytes(cfg, B, T, dt, mask_bytes)
-    embed, head = _outside_blocks(cfg, B, T, dt, mask_bytes)
-    per_layer_flops = (gpt_forward_flops(cfg, B, T) - 2 * B * T * cfg.n_embd * cfg.vocab_size) // n
-    if policy == "none":
-        kept = embed + n * L + head
-        return PolicyCost(policy, None, kept, kept, 0)
-    if policy == "selective":
-        S = selective_layer_bytes(cfg, B, T, dt, mask_bytes)
-        kept = embed + n * S + head
-        # Rerunning the last block's core: its LayerNorm-1 tensors and q, k, v still held, the
-        # rest of that block, the head and the loss already freed.
-        at_core = dt * 5 * B * T * cfg.n_embd + 2 * B * T * STATS_BYTES
-        rerun = embed + (n - 1) * S + at_core + core_activation_bytes(cfg, B, T, dt, mask_bytes)
-        return PolicyCost(policy, None, kept, max(kept, rerun), n * 4 * B * T * T * cfg.n_embd)
-    k = 1 if policy == "full" else check_int(k, "k", context=f"policy {policy!r}",
-                                             hint="blocks per recomputed segment")
-    I = dt * B * T * cfg.n_embd
-    sizes = [min(k, n - i) for i in range(0, n, k)]
-    kept = embed + len(sizes) * I + head
-    reruns = [embed + (j + 1) * I + size * L - I for j, size in enumerate(sizes)]
-    return PolicyCost(policy, k, kept, max(kept, *reruns), n * per_layer_flops)
+    return policy_info(policy).cost(cfg, batch, seq, k, dtype_bytes, mask_bytes)
 
 
 def best_k(cfg, batch: int, seq: int, dtype_bytes: int = 4) -> int:

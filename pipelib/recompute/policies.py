@@ -29,14 +29,14 @@ Introduced in chapter 14.
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import torch.nn as nn
 
-from pipelib.checks import check_int
+from pipelib.recompute.registry import POLICIES, chen_k, policy_info
 
-POLICIES = ("none", "full", "every_k", "selective")
+__all__ = ["POLICIES", "chen_k", "RerunForward", "rerun", "segment_plan", "check_policy", "apply_recompute",
+           "keep_all", "rerun_segments", "rerun_core", "recompute_policy"]
 _TAG = "_pipelib_recompute"  # instance attribute naming the policy a module runs under
 
 
@@ -97,12 +97,6 @@ def rerun(run, inputs, params=()):
 
 
 # ----------------------------------------------------------------------------- plans
-def chen_k(num_blocks: int) -> int:
-    """Chen et al.'s segment length for n blocks: round(sqrt(n)), at least 1."""
-    check_int(num_blocks, "num_blocks", context="chen_k", hint="blocks in the model or stage")
-    return max(1, round(math.sqrt(num_blocks)))
-
-
 def segment_plan(num_blocks: int, k: int) -> list[range]:
     """Blocks cut into consecutive segments of k (the last one may be shorter)."""
     return [range(i, min(i + k, num_blocks)) for i in range(0, num_blocks, k)]
@@ -110,19 +104,9 @@ def segment_plan(num_blocks: int, k: int) -> list[range]:
 
 def check_policy(policy: str, k=None, num_blocks: int | None = None) -> int | None:
     """The segment length a policy runs with: 1 for full, k (default `chen_k`) for every_k,
-    None for none and selective; a ValueError naming the bad value otherwise."""
-    if policy not in POLICIES:
-        raise ValueError(f"unknown recomputation policy {policy!r}; choose one of {POLICIES}")
-    if policy != "every_k":
-        if k is not None:
-            raise ValueError(f"policy {policy!r} takes no k (got k={k!r}); k is for 'every_k' "
-                             f"('full' is every_k with k=1)")
-        return 1 if policy == "full" else None
-    if k is None:
-        return chen_k(num_blocks or 1)
-    return check_int(k, "k", context=f"policy 'every_k' on {num_blocks or '?'} blocks",
-                     hint="blocks per recomputed segment; k=1 is 'full', k=round(sqrt(n)) is "
-                          "Chen et al.'s plan")
+    None for none and selective; a ValueError naming the bad value otherwise
+    (`policy_info(policy).segment_length`)."""
+    return policy_info(policy).segment_length(k, num_blocks)
 
 
 def _model_blocks(model: nn.Module) -> list[nn.Module]:
@@ -178,6 +162,28 @@ def _core_forward(attn: nn.Module):
     return forward
 
 
+def keep_all(model: nn.Module, blocks: list[nn.Module], k: None, name: str) -> None:
+    """none: nothing to change (`apply_recompute` has removed any earlier policy)."""
+
+
+def rerun_segments(model: nn.Module, blocks: list[nn.Module], k: int, name: str) -> None:
+    """full and every_k: segments of k blocks, each run by its first block under `rerun`."""
+    for seg in segment_plan(len(blocks), k):
+        members = [blocks[i] for i in seg]
+        members[0].forward = _segment_forward(members)
+        for b in members[1:]:
+            b.forward = _pass_through
+        for b in members:
+            setattr(b, _TAG, f"{name}:{k}")
+
+
+def rerun_core(model: nn.Module, blocks: list[nn.Module], k: None, name: str) -> None:
+    """selective: every attention core keeps q, k, v and is rerun in backward."""
+    for attn in _attentions(model):
+        attn.core = _core_forward(attn)
+        setattr(attn, _TAG, name)
+
+
 def apply_recompute(model: nn.Module, policy: str = "full", k: int | None = None) -> nn.Module:
     """Make `model` (a GPT, a stage, any module holding `pipelib.model.Block`s) recompute.
 
@@ -188,25 +194,16 @@ def apply_recompute(model: nn.Module, policy: str = "full", k: int | None = None
       inside its first block; the others pass their input through;
     - "selective": the attention core (scores, mask, softmax, dropout, @ v) of every block keeps
       q, k, v and is rerun (Korthikanti et al. 2022); everything else is kept.
-    Returns the model (changed in place), the way torchtitan's apply_ac does.
+    The policy is an entry of `pipelib.recompute.registry` (its k, its `apply`: the functions
+    above). Returns the model (changed in place), the way torchtitan's apply_ac does.
     """
     blocks = _model_blocks(model)
-    k = check_policy(policy, k, len(blocks))
-    if not blocks and policy != "none":
+    info = policy_info(policy)
+    k = info.segment_length(k, len(blocks))
+    if not blocks and not info.keeps_all:
         raise ValueError(f"{type(model).__name__} holds no pipelib.model.Block to recompute")
     _clear(model)
-    if policy == "selective":
-        for attn in _attentions(model):
-            attn.core = _core_forward(attn)
-            setattr(attn, _TAG, policy)
-    elif policy in ("full", "every_k"):
-        for seg in segment_plan(len(blocks), k):
-            members = [blocks[i] for i in seg]
-            members[0].forward = _segment_forward(members)
-            for b in members[1:]:
-                b.forward = _pass_through
-            for b in members:
-                setattr(b, _TAG, f"{policy}:{k}")
+    info.apply(model, blocks, k, info.name)
     return model
 
 

@@ -181,3 +181,47 @@ def test_recompute_runs_under_torchs_flop_counter(policy):
         counted[p] = counter.get_total_flops()
     extra = predict_policy(cfg, 2, 16, policy, 2 if policy == "every_k" else None).extra_flops
     assert counted[policy] - counted["none"] == extra > 0
+
+
+# --------------------------------------------------------------------------- the policy registry
+def test_every_policy_has_every_field():
+    from pipelib.recompute.formulas import PolicyCost
+    from pipelib.recompute.registry import POLICIES, REGISTRY, PolicyInfo, policy_info
+
+    cfg = GPTConfig(n_layer=4, n_head=2, n_embd=32, block_size=16)
+    assert POLICIES == tuple(REGISTRY) == ("none", "full", "every_k", "selective")
+    for name, info in REGISTRY.items():
+        assert isinstance(info, PolicyInfo) and info.name == name and policy_info(name) is info
+        for fn, module in ((info.apply, "policies"), (info.twin, "against_torch")):
+            assert callable(fn) and fn.__module__ == f"pipelib.recompute.{module}"
+        k = info.segment_length(None, 4)
+        assert k == (info.fixed_k if not info.chooses_k else 2)
+        cost = info.cost(cfg, 2, 16, 2)
+        assert isinstance(cost, PolicyCost) and cost.policy == name and cost == predict_policy(cfg, 2, 16, name, 2)
+        assert cost.peak_bytes >= cost.kept_bytes > 0 and (cost.extra_flops == 0) == info.keeps_all
+        model = GPT(cfg)
+        apply_recompute(model, name, 2 if info.chooses_k else None)
+        assert recompute_policy(model) == (name if k is None else f"{name}:{2 if info.chooses_k else k}")
+
+
+def test_no_policy_name_is_compared_outside_the_registry():
+    import ast
+    from pathlib import Path
+
+    from pipelib.recompute.registry import POLICIES
+
+    root = Path(__file__).resolve().parents[2]
+    mine = {"policies.py", "formulas.py", "against_torch.py", "measure.py", "registry.py", "pipeline.py"}
+
+    def tests(source):  # a name compared (==, !=, in a tuple) or mapped (a dict key)
+        for node in ast.walk(ast.parse(source)):
+            parts = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            elts = [e for p in parts for e in (p.elts if isinstance(p, (ast.Tuple, ast.List, ast.Set)) else [p])]
+            keys = node.keys if isinstance(node, ast.Dict) else []
+            if any(isinstance(e, ast.Constant) and e.value in POLICIES for e in [*elts, *keys]):
+                yield node.lineno
+
+    assert list(tests('if p == "full" or p in ("selective",):\n    x = {"none": 1}\n')) == [1, 1, 2]
+    found = [f"{p.name}:{line}" for p in sorted((root / "pipelib" / "recompute").glob("*.py"))
+             if p.name in mine - {"registry.py"} for line in tests(p.read_text())]
+    assert not found, f"policy names compared or mapped outside recompute/registry.py: {found}"
