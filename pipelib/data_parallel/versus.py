@@ -16,13 +16,14 @@ Introduced in chapter 07 (used by bench/data_parallel.py).
 """
 from __future__ import annotations
 
-import time
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
 
-SIDES = {"torch": ("torch", "gloo"), "overlap": ("overlap", "gloo"), "overlap_ring": ("overlap", "pipelib"),
-         "after": ("buckets", "gloo"), "step1": ("all_reduce", "gloo")}
+SIDES = MappingProxyType({"torch": ("torch", "gloo"), "overlap": ("overlap", "gloo"),
+                          "overlap_ring": ("overlap", "pipelib"), "after": ("buckets", "gloo"),
+                          "step1": ("all_reduce", "gloo")})
 
 
 def run_versus(cluster, config, *, sides=tuple(SIDES), steps: int = 10, batch: int = 8,
@@ -38,50 +39,36 @@ def run_versus(cluster, config, *, sides=tuple(SIDES), steps: int = 10, batch: i
     return cluster.run(versus_steps, tuple(sides), config, steps, batch, bucket_bytes, seed)[0]
 
 
-def _wrap(side, model, bucket_bytes):
-    from pipelib.data_parallel import ddp
-
-    step, comm = SIDES[side]
-    if step == "torch":
-        return torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_bytes / 2**20)
-    cls = {"overlap": ddp.OverlappedGrads, "buckets": ddp.BucketedGrads, "all_reduce": ddp.AllReduceGrads}[step]
-    kw = {} if step == "all_reduce" else {"bucket_bytes": bucket_bytes}
-    return cls(model, None, comm=comm, **kw)
-
-
 def versus_steps(sides, config, steps, batch, bucket_bytes, seed):
-    """On every rank: each side one step in turn, `steps` + 1 times (the first is not timed)."""
-    from pipelib.data_parallel.runner import build_model, global_batch, loss_of
+    """On every rank: each side one step in turn, `steps` + 1 times (the first is not timed:
+    `pipelib.runtime.alternate.alternate_steps`)."""
+    from pipelib.data_parallel.steps import DDP_STEPS
+    from pipelib.recipe import build_model, global_batch, loss_of
+    from pipelib.runtime.alternate import alternate_steps
     from pipelib.runtime.device import current
 
     n, r = dist.get_world_size(), dist.get_rank()
     models = {s: build_model(config, seed) for s in sides}
-    wrapped = {s: _wrap(s, models[s], bucket_bytes) for s in sides}
+    wrapped = {s: DDP_STEPS[SIDES[s][0]].wrap(models[s], None, comm=SIDES[s][1], bucket_bytes=bucket_bytes)
+               for s in sides}
     opts = {s: torch.optim.Adam(models[s].parameters(), lr=1e-3) for s in sides}
-    times = {s: [] for s in sides}
-    for k in range(steps + 1):
-        x, y = global_batch(config, batch * n, k, seed)
-        x, y = x[r * batch:(r + 1) * batch], y[r * batch:(r + 1) * batch]
-        for side in sides[k % len(sides):] + sides[:k % len(sides)]:
-            dist.barrier()
-            t0 = time.perf_counter()
-            loss = loss_of(wrapped[side], x, y)
-            if SIDES[side][0] == "torch":
-                loss.backward()
-            else:
-                wrapped[side].backward(loss)
-                wrapped[side].finish_gradients()
-            opts[side].step()
-            opts[side].zero_grad(set_to_none=False)
-            elapsed = torch.tensor([time.perf_counter() - t0])
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's step
-            if k:
-                times[side].append(elapsed.item())
+    seen = dict.fromkeys(sides, 0)  # each side's k-th step trains on step k's rows
+
+    def side(s):
+        def step():
+            x, y = global_batch(config, batch * n, seen[s], seed)
+            seen[s] += 1
+            loss = loss_of(wrapped[s], x[r * batch:(r + 1) * batch], y[r * batch:(r + 1) * batch])
+            wrapped[s].backward(loss)
+            wrapped[s].finish_gradients()
+            opts[s].step()
+            opts[s].zero_grad(set_to_none=False)
+        return step
+    times = alternate_steps({s: side(s) for s in sides}, steps, warmup=1)
     ref = dict(models["torch"].named_parameters())
     diff = {s: max((p - ref[name]).abs().max().item() for name, p in models[s].named_parameters())
             for s in sides if s != "torch"}
     for s in sides:
-        if s != "torch":
-            wrapped[s].close()
-    current().tracer.clear()
+        wrapped[s].close()
+    current().tracer.clear()  # the race's events are not a figure
     return {"times": times, "max_param_diff": diff}

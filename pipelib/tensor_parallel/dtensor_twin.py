@@ -23,7 +23,6 @@ collectives, DTensor.
 """
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -265,23 +264,22 @@ def timed_tp_steps(config, b: int, s: int, t: int, impls=IMPLS, *, steps: int = 
                    sequence_parallel: bool = False, seed: int = 0, whole: bool = False) -> StepResult | None:
     """Seconds per forward + backward of each implementation in `impls`, built side by side on
     the same ranks and run in turn, step by step (the order rotating every step), so a drifting
-    load hits all of them alike. Each step starts after a barrier and ends with one. The model:
+    load hits all of them alike (`pipelib.runtime.alternate.alternate_steps`: a step's time is the
+    slowest rank's, on the device's clock). The model:
     the blocks (gradient of sum(y * w)), or with `whole` the whole GPT with its vocabulary-parallel
     embedding, head and loss. Group rank 0 returns {impl: [seconds per step]} in `stats`."""
     built = {impl: _tp_timed_setup(config, b, s, t, impl, sequence_parallel, seed, whole) for impl in impls}
     group = next(iter(built.values()))[1]
     if group is None:
         return None
-    times = {impl: [] for impl in impls}
-    for i in range(warmup + steps):
-        for j in range(len(impls)):
-            impl = impls[(i + j) % len(impls)]
-            model, _, one_step, args = built[impl]
+    from pipelib.runtime.alternate import alternate_steps
+
+    def side(impl):
+        model, _, one_step, args = built[impl]
+
+        def step():
             model.zero_grad(set_to_none=True)
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
             one_step(*args)
-            dist.barrier(group=group)
-            if i >= warmup:
-                times[impl].append(time.perf_counter() - t0)
+        return step
+    times = alternate_steps({impl: side(impl) for impl in impls}, steps, warmup=warmup, group=group)
     return StepResult(stats={"times": times}) if dist.get_rank(group) == 0 else None
