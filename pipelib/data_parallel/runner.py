@@ -157,3 +157,22 @@ def reference_step(config, *, steps: int = 3, batch: int = 8, optimizer: str = "
     ref = Recipe(config, batch_size=batch, steps=steps, seed=seed, data_seed=seed, optimizer=optimizer,
                  lr=lr).reference()
     return ref.losses[-1], dict(ref.grads), dict(ref.params), list(ref.losses)
+
+
+def grade_average(fn, config, batch: int):
+    """On every rank: chapter 07's exercise graded. `fn(model, group)` must turn this rank's
+    gradients (of its rows of the recipe's batch) into the whole batch's: (max |difference| from
+    one process's gradients, payload bytes this rank sent inside `fn`)."""
+    from pipelib.recipe import Recipe
+    from pipelib.runtime.device import current
+
+    recipe = Recipe(config, batch_size=batch, steps=1)
+    x, y = recipe.global_batch(0)
+    whole = recipe.build()
+    loss_of(whole, x, y).backward()  # one process, the whole batch
+    mine = recipe.build()
+    loss_of(mine, *recipe.batch(0, dist.get_rank(), dist.get_world_size())).backward()
+    with current().measure() as span:
+        fn(mine, None)
+    worst = max((a.grad - b.grad).abs().max().item() for a, b in zip(mine.parameters(), whole.parameters()))
+    return worst, span.bytes_sent
