@@ -206,3 +206,49 @@ class Trace:
         if limit is not None and len(self.events) > limit:
             lines.append(f"... {len(self.events) - limit} more events")
         return "\n".join(lines)
+
+    def matches(self, predicted: Trace, *, kinds=(Kind.COMPUTE,), tol: float | None = None,
+                align: bool = False) -> float:
+        """How far this trace is from `predicted` (a `simulate` timeline, or another run): the
+        largest difference, in seconds, between the start or the end of one event and of the same
+        event there, over the events of `kinds` (compute by default).
+
+        Rank by rank, both must hold the same events in the same order (kind, label, stage,
+        microbatch): otherwise an AssertionError names the rank and the first event that differs.
+        With `tol`, a difference above it raises too, naming the event. `align=True` counts each
+        trace from its own first event of `kinds` (a wall clock's epoch is not a prediction's 0).
+        Chapters 10-13 check a measured step against its prediction (or two runs) with it.
+        """
+        ks = {Kind(k) for k in kinds}
+        ours = [e for e in self.events if e.kind in ks]
+        theirs = [e for e in predicted.events if e.kind in ks]
+        t0 = min((e.start for e in ours), default=0.0) if align else 0.0
+        t1 = min((e.start for e in theirs), default=0.0) if align else 0.0
+        worst, where = 0.0, None
+        for rank in sorted({e.rank for e in ours} | {e.rank for e in theirs}):
+            a = [e for e in ours if e.rank == rank]
+            b = [e for e in theirs if e.rank == rank]
+            for i in range(max(len(a), len(b))):
+                x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
+                if x is None or y is None or _identity(x) != _identity(y):
+                    raise AssertionError(
+                        f"rank {rank} ran another order: event {i} is {_describe(x)} here but "
+                        f"{_describe(y)} in the prediction ({len(a)} events here, {len(b)} there)")
+                d = max(abs((x.start - t0) - (y.start - t1)), abs((x.end - t0) - (y.end - t1)))
+                if d > worst:
+                    worst, where = d, x
+        if tol is not None and worst > tol:
+            raise AssertionError(f"rank {where.rank}'s {_describe(where)} is {worst:.3g} s away from "
+                                 f"its prediction (tolerance {tol:g} s)")
+        return worst
+
+
+def _identity(e: Event) -> tuple:
+    return e.kind, e.label, e.stage, e.microbatch
+
+
+def _describe(e: Event | None) -> str:
+    if e is None:
+        return "missing"
+    where = "".join(f" {k} {v}" for k, v in (("stage", e.stage), ("microbatch", e.microbatch)) if v is not None)
+    return f"{e.kind.value} {e.label!r}{where} [{e.start:.6g}, {e.end:.6g}]"

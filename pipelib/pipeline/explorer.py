@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 
-from pipelib.viz.display import Units, figure_bundle, short_number
 from pipelib.pipeline.schedules import REGISTRY, Schedule, make_schedule, schedule_info
 from pipelib.pipeline.simulate import Costs, SimResult, bubble_closed_form, simulate
 from pipelib.trace import Kind, Trace
+from pipelib.viz.display import Units, figure_bundle, short_number
 from pipelib.viz.timeline import memory_figure, sweep_figure, timeline_figure
 
 __all__ = ["Setting", "predict", "summary_html", "explorer_figures", "explorer_sweep",
@@ -141,20 +141,6 @@ class Measurement:
         return f, mem
 
 
-def _compute_times(trace: Trace) -> dict:
-    evs = trace.filter(kind=Kind.COMPUTE).events
-    t0 = min((e.start for e in evs), default=0.0)
-    return {(e.rank, e.label, e.stage, e.microbatch): (e.start - t0, e.end - t0) for e in evs}
-
-
-def max_difference(measured: Trace, predicted: Trace) -> float:
-    """Largest |measured - predicted| start or end of one compute op; inf if the ops differ."""
-    a, b = _compute_times(measured), _compute_times(predicted)
-    if a.keys() != b.keys():
-        return float("inf")
-    return max((abs(x - y) for k in a for x, y in zip(a[k], b[k])), default=0.0)
-
-
 def measure(cluster, setting: Setting, model_config=None, rows: int = 2) -> Measurement:
     """Run one step of the setting's schedule on `cluster` and simulate it with the same costs.
 
@@ -184,7 +170,8 @@ def measure(cluster, setting: Setting, model_config=None, rows: int = 2) -> Meas
     n = s.num_ranks  # ranks beyond the schedule's (p=2 on 4 engines) ran nothing
     measured = Trace([e for e in cluster.trace() if e.rank < n], world_size=n)
     peaks = tuple(r.stats["peak_activation_bytes"] for r in out[:n])
-    return Measurement(setting, measured, predicted, max_difference(measured, predicted.events),
+    # the same ops in the same order on every rank (else an AssertionError names the first other)
+    return Measurement(setting, measured, predicted, measured.matches(predicted.events, align=True),
                        peaks, link(nbytes))
 
 
@@ -287,7 +274,7 @@ class Explorer(widgets.VBox):
         self.report.value = (
             f"measured step {1e3 * ms.measured.span:.4g} ms, predicted "
             f"{1e3 * ms.predicted.makespan:.4g} ms; max |measured - predicted| over "
-            f"{len(_compute_times(ms.measured))} ops: {ms.max_diff:.3g} s "
+            f"{len(ms.measured.filter(kind=Kind.COMPUTE))} ops: {ms.max_diff:.3g} s "
             f"(F = {1e3 * f:.4g} ms, one message {1e6 * ms.message_seconds:.4g} us); peak "
             f"activation bytes per rank {list(ms.peak_activation_bytes)}")
         self._show(*ms.figures())

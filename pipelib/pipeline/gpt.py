@@ -13,7 +13,8 @@ stage. On one process autograd sums both uses into one gradient. In a pipeline t
 0 and the rank of the last stage each hold a copy and each sees only its own use, so after the
 step the two gradients must be summed across those two ranks, and both copies receive the sum
 (then equal optimizer steps keep the copies equal). Megatron-LM does this with an all-reduce on
-its "embedding group" {first rank, last rank}; `embedding_group` builds that group and
+its "embedding group" {first rank, last rank}; `embedding_group` takes that group from the
+mesh's (`runtime.mesh.make_group`; `Mesh.tied_group` at any dp, tp coordinates) and
 `sum_tied_grads` runs it, or, without a group, exchanges the V x C gradient with the peer
 (each of the two ranks sends V*C*itemsize bytes and receives as many). When one rank holds both
 stages (V schedules) the two uses accumulate into one parameter and nothing is sent.
@@ -33,17 +34,17 @@ import torch.nn as nn
 
 from pipelib.comm import collectives
 from pipelib.comm import p2p as comms
-from pipelib.runtime.device import current
 from pipelib.model import GPT, GPTConfig, cross_entropy
-from pipelib.results import StepResult
-from pipelib.pipeline.step import check_step, resolve_schedule
 from pipelib.pipeline.executor import execute
-from pipelib.pipeline.stage import Stage, layer_cost, partition
 from pipelib.pipeline.schedules import Schedule, as_schedule
+from pipelib.pipeline.stage import Stage, layer_cost, partition
+from pipelib.pipeline.step import Runner, StepOptions, check_step, measured_run, resolve_schedule
+from pipelib.results import StepResult
+from pipelib.runtime.device import current
 
-__all__ = ["PIPELINE_GPT", "gpt_stages", "gpt_unit_costs", "gpt_stage_costs", "tied_ranks", "embedding_group", "sum_tied_grads",
-           "make_tokens", "check_gpt_step", "gpt_train_step", "run_gpt_train_step",
-           "gpt_monolith_step"]
+__all__ = ["PIPELINE_GPT", "gpt_stages", "gpt_unit_costs", "gpt_stage_costs", "tied_ranks",
+           "embedding_group", "sum_tied_grads", "make_tokens", "check_gpt_step", "gpt_train_step",
+           "prepare_gpt_step", "run_gpt_train_step", "gpt_monolith_step"]
 
 # Eight blocks, so p=4 ranks with v=2 chunks each (8 stages) still get one block per stage.
 PIPELINE_GPT = GPTConfig(vocab_size=65, block_size=16, n_layer=8, n_head=2, n_embd=32)
@@ -121,15 +122,19 @@ def tied_ranks(schedule) -> tuple[int, int]:
 def embedding_group(schedule, pipeline_ranks=None):
     """Megatron-LM's embedding group: the ranks of stage 0 and of the last stage.
 
-    `dist.new_group` is collective: call this on EVERY rank of the default group, in the same
-    order as any other new_group. `pipeline_ranks` lists the global ranks of the pipeline's
-    group (default 0..num_ranks-1). Returns None when one rank holds both stages.
+    Made by the mesh (`pipelib.runtime.mesh.make_group`: once per engine, kept on the device),
+    so call it on EVERY rank of the world, in the same order as any other group. `pipeline_ranks`
+    lists the global ranks of the pipeline's group (default 0..num_ranks-1); over a whole
+    `Mesh`, `mesh.tied_group(first, last)` gives the same pair at this rank's coordinates.
+    Returns None when one rank holds both stages.
     """
+    from pipelib.runtime.mesh import make_group
+
     first, last = tied_ranks(schedule)
     if first == last:
         return None
     ranks = list(range(max(first, last) + 1)) if pipeline_ranks is None else list(pipeline_ranks)
-    return dist.new_group(sorted([ranks[first], ranks[last]]))
+    return make_group((ranks[first], ranks[last]), "pp", kind="tied")
 
 
 def sum_tied_grads(weight: nn.Parameter, schedule, group=None, emb_group=None) -> None:
@@ -199,50 +204,63 @@ def check_gpt_step(schedule, p=None, m=None, gpt_config=None, batch_size=None, *
 
 def gpt_train_step(schedule, p: int | None = None, m: int | None = None,
                    gpt_config: GPTConfig | None = None, batch_seed: int = 0, *,
-                   batch_size: int | None = None, seq_len: int | None = None, model_seed: int = 0,
-                   num_chunks: int = 2, balance="layers", costs=None, group=None, emb_group=None,
-                   tie: bool = True, dtype=torch.float32) -> StepResult | None:
+                   seq_len: int | None = None, group=None, emb_group=None, tie: bool = True,
+                   prepare=None, **options) -> StepResult | None:
     """Run on every engine: one pipelined forward and backward of the tiny GPT.
 
     Every rank builds the same GPT (same seed) and batch (`make_tokens`, default 2 rows per
-    microbatch), cuts it with `gpt_stages`, keeps its own stages and calls `execute` with
+    microbatch), cuts it with `gpt_stages`, keeps its own stages (each passed through
+    `prepare(module)` first when given: chapter 14's recomputation) and calls `execute` with
     next-token cross-entropy on (B, T, V) logits vs (B, T) targets. Then the tied
     embedding/head gradient is summed over the first and last stage's ranks (`sum_tied_grads`;
-    tie=False skips it, to show what goes wrong). Returns a `StepResult`: the loss (or None),
-    {monolith parameter name: gradient} for this rank's stages, the tied weight as
-    "embed.wte.weight" on both of its ranks, and execute's stats plus tied_bytes_sent.
+    tie=False skips it, to show what goes wrong). Returns a `StepResult` (`step.measured_run`):
+    the loss (or None), {monolith parameter name: gradient} for this rank's stages, the tied
+    weight as "embed.wte.weight" on both of its ranks, execute's stats plus tied_bytes_sent
+    (the sum's share of `bytes_sent`). `options` are `step.StepOptions`' (batch_size, costs...).
     """
-    cfg = gpt_config or PIPELINE_GPT
-    s = resolve_schedule(schedule, p, m, num_chunks)
+    cfg, opts = gpt_config or PIPELINE_GPT, StepOptions(**options)
+    s = resolve_schedule(schedule, p, m, opts.num_chunks)
     _check_one_stage_split(s)
-    batch_size = batch_size or 2 * s.num_microbatches
     rank = dist.get_rank(group)
     if rank < 0 or rank >= s.num_ranks:
         return None
-    model = GPT(cfg, seed=model_seed).to(dtype)
-    modules = gpt_stages(model, s.num_stages, balance)
-    mine = [Stage(modules[k], k, s.num_stages) for k in s.stages_of(rank)]
-    dev = current()
-    dev.memory = dev.fresh_memory()  # a new model: forget old pointers
-    dev.memory.track_module(nn.ModuleList(st.module for st in mine))
-    idx, targets = make_tokens(cfg, batch_size, seq_len, batch_seed)  # (B, T), (B, T)
-    info: dict = {}
-    loss = execute(s, mine, idx, targets, cross_entropy, group, costs=costs, stats=info)
-    sent = comms.counters()["bytes_sent"]
-    if tie:
-        sum_tied_grads(model.embed.wte.weight, s, group, emb_group)
-    info["tied_bytes_sent"] = comms.counters()["bytes_sent"] - sent
-    held = {id(q) for st in mine for q in st.module.parameters()}
-    grads = {name: q.grad for name, q in model.named_parameters() if id(q) in held}
-    return StepResult(loss, grads, info)
+
+    return measured_run(lambda: prepare_gpt_step(s, cfg, rank, batch_seed, opts, group, seq_len=seq_len,
+                                                 emb_group=emb_group, tie=tie, prepare=prepare), 1, group)
+
+
+def prepare_gpt_step(s: Schedule, cfg: GPTConfig, rank: int, batch_seed: int = 0,
+                     opts: StepOptions | None = None, group=None, *, seq_len: int | None = None,
+                     emb_group=None, tie: bool = True, prepare=None) -> Runner:
+    """`step.prepare_step` for the GPT: the seeded model cut by `gpt_stages`, `rank`'s stages
+    (through `prepare`), the token batch; its step is `execute`, then the tied-gradient sum."""
+    opts = opts or StepOptions()
+    model = GPT(cfg, seed=opts.model_seed).to(opts.dtype)
+    mods = gpt_stages(model, s.num_stages, opts.balance)
+    mine = [Stage(prepare(mods[k]) if prepare else mods[k], k, s.num_stages) for k in s.stages_of(rank)]
+    idx, targets = make_tokens(cfg, opts.rows(s), seq_len, batch_seed)  # (B, T), (B, T)
+    held, info = {id(q) for st in mine for q in st.module.parameters()}, {}
+
+    def step():
+        loss = execute(s, mine, idx, targets, cross_entropy, group, stats=info, **opts.execute_kw())
+        with current().measure() as tied:  # nested in the step's scope: the sum's own bytes
+            if tie:
+                sum_tied_grads(model.embed.wte.weight, s, group, emb_group)
+        info["tied_bytes_sent"] = tied.bytes_sent
+        return loss
+
+    def grads():
+        return {name: q.grad for name, q in model.named_parameters() if id(q) in held}
+
+    return Runner(step, [st.module for st in mine], grads, info)
 
 
 def run_gpt_train_step(cluster, schedule, p=None, m=None, gpt_config=None, batch_seed: int = 0,
                        **kw) -> list:
     """Check everything in the notebook process (`check_gpt_step`), then run on every rank."""
-    s = check_gpt_step(schedule, p, m, gpt_config, kw.get("batch_size"),
-                       seq_len=kw.get("seq_len"), num_chunks=kw.get("num_chunks", 2),
-                       balance=kw.get("balance", "layers"), world_size=cluster.world_size)
+    opts, _ = StepOptions.split(kw, gpt_train_step)  # an unknown keyword fails here, as a TypeError
+    s = check_gpt_step(schedule, p, m, gpt_config, opts.batch_size, seq_len=kw.get("seq_len"),
+                       num_chunks=opts.num_chunks, balance=opts.balance, world_size=cluster.world_size)
     return cluster.run(gpt_train_step, s, None, None, gpt_config, batch_seed, **kw)
 
 

@@ -24,14 +24,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipelib.comm import p2p as comms
 from pipelib.checks import check_int
+from pipelib.comm import p2p as comms
+from pipelib.pipeline.executor import execute
+from pipelib.pipeline.schedules import Op, gpipe, naive, schedule_info
+from pipelib.pipeline.stage import Stage, partition, stage_modules
+from pipelib.pipeline.step import StepOptions, resolve_schedule
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
-from pipelib.pipeline.executor import execute
-from pipelib.pipeline.step import resolve_schedule
-from pipelib.pipeline.stage import Stage, partition, stage_modules
-from pipelib.pipeline.schedules import Op, gpipe, naive, schedule_info
 from pipelib.trace import Trace
 
 __all__ = ["ShardedMLP", "naive_step", "gpipe_step", "HAND_WRITTEN", "train", "run_train",
@@ -53,6 +53,7 @@ class ShardedMLP:
     Every rank builds the whole MLP from the same seed (cheap here; a real model would be built
     slice by slice) and keeps only the layers `partition` gives its stage. `costs` (a
     `pipelib.pipeline.simulate.Costs`) gives each F and B its modelled duration on a simulated device.
+    Measuring it is its runner's business (`train`: a `Device.measure` scope that tracks `module`).
     """
 
     def __init__(self, config, num_stages: int, *, seed: int = 0, balance="layers",
@@ -69,9 +70,6 @@ class ShardedMLP:
         self.in_width = config.dims[self.layers.start]           # width of what stage r receives
         self.out_width = config.dims[self.layers.stop]           # width of what it sends on
         self._rows: dict[int, int] = {}
-        dev = current()  # a fresh memory tracker that knows this model's parameters
-        dev.memory = dev.fresh_memory()
-        dev.memory.track_module(self.module)
 
     def __repr__(self) -> str:
         st = self.stage
@@ -122,10 +120,6 @@ class ShardedMLP:
         del self._rows[j]
 
 
-def _check_steps(steps) -> None:
-    check_int(steps, "steps", hint="training steps to run")
-
-
 def _microbatches(x, y, m: int):
     check_int(m, "num_microbatches")
     if len(y) % m:
@@ -166,56 +160,75 @@ def gpipe_step(shard: ShardedMLP, x, y, num_microbatches: int):
 HAND_WRITTEN = {naive: naive_step, gpipe: gpipe_step}  # generator -> its order written as a loop
 
 
-def train(config, x, y, steps: int, *, num_stages: int | None = None, schedule: str = "naive",
-          num_microbatches: int = 1, lr: float = 1e-2, batch_size: int | None = None,
-          seed: int = 0, model_seed: int = 0, balance="layers", costs=None,
-          hand_written: bool = False, group=None):
-    """The orchestrator. Run on every rank: chapter 02's training loop, the MLP cut across ranks.
-
-    Each step every rank draws the same minibatch indices as `pipelib.train.train_mlp` (same
-    generator, same seed), so no rank needs to be sent the data; runs one pipelined forward and
-    backward, by the hand-written loop (`hand_written=True`, schedules "naive" and "gpipe") or by
-    `execute` on the named schedule; then updates its own parameters with its own Adam. Adam is
-    per parameter, so the ranks' updates together are exactly the monolith's.
-
-    Returns a `StepResult`: `losses`, one float per step, and `loss`, the last step's, on the
-    last stage's rank (empty and None elsewhere); `grads` of the last step and `params` after
-    it, {monolith name: tensor} for this rank's layers. None on ranks beyond num_stages.
-    `run_train` checks the arguments first, in the notebook.
-    """
-    num_stages = dist.get_world_size(group) if num_stages is None else num_stages
-    _check_stages(num_stages, dist.get_world_size(group))
-    _check_steps(steps)
+def _check_train(num_stages, world_size: int, steps, schedule, hand_written: bool) -> None:
+    _check_stages(num_stages, world_size)
+    check_int(steps, "steps", hint="training steps to run")
     if hand_written and schedule_info(schedule).generator not in HAND_WRITTEN:
         raise ValueError(f"hand_written=True knows schedules {sorted(g.__name__ for g in HAND_WRITTEN)}, "
                          f"not {schedule!r}; pass hand_written=False to run it with execute")
+
+
+def train(config, x, y, steps: int, *, num_stages: int | None = None, schedule: str = "naive",
+          num_microbatches: int = 1, lr: float = 1e-2, seed: int = 0, hand_written: bool = False,
+          group=None, **options):
+    """The orchestrator. Run on every rank: chapter 02's training loop, the MLP cut across ranks.
+
+    Each step every rank draws the same minibatch of `batch_size` rows (default: all of x) as
+    `pipelib.train.train_mlp` (same generator, same seed), so no rank needs to be sent the data;
+    runs one pipelined forward and backward, by the hand-written loop (`hand_written=True`,
+    schedules "naive" and "gpipe") or by `execute` on the named schedule; then updates its own
+    parameters with its own Adam. Adam is per parameter, so the ranks' updates together are
+    exactly the monolith's. `options` are `step.StepOptions`' (batch_size, model_seed, balance, costs).
+
+    Returns a `StepResult`: `losses`, one float per step, and `loss`, the last step's, on the
+    last stage's rank (empty and None elsewhere); `grads` of the last step and `params` after
+    it, {monolith name: tensor} for this rank's layers; per step its device time and bytes sent,
+    and the run's peak memory. None on ranks beyond num_stages. `run_train` checks first.
+    """
+    num_stages = dist.get_world_size(group) if num_stages is None else num_stages
+    _check_train(num_stages, dist.get_world_size(group), steps, schedule, hand_written)
     if dist.get_rank(group) >= num_stages:
         return None
-    plan = resolve_schedule(schedule, num_stages, num_microbatches)
-    shard = ShardedMLP(config, num_stages, seed=model_seed, balance=balance, group=group,
-                       costs=costs)
-    opt = torch.optim.Adam(shard.module.parameters(), lr=lr)
+    opts, dev, losses, times, sent = StepOptions(**options), current(), [], [], []
+    with dev.measure(fresh_memory=True) as whole:  # a new model, counted from zero
+        shard = ShardedMLP(config, num_stages, seed=opts.model_seed, balance=opts.balance, group=group,
+                           costs=opts.costs)
+        dev.memory.track_module(shard.module)
+        opt = torch.optim.Adam(shard.module.parameters(), lr=lr)
+        step = _forward_backward(shard, schedule, num_microbatches, hand_written, group, opts)
+        for xb, yb in _minibatches(x, y, steps, opts.batch_size, seed):
+            opt.zero_grad(set_to_none=True)
+            with dev.measure() as m:
+                loss = step(xb, yb)
+            grads = {n: p.grad.clone() for n, p in shard.named_parameters()}
+            opt.step()
+            times.append(m.time)
+            sent.append(m.bytes_sent)
+            losses += [] if loss is None else [loss.item()]
+    last = shard.stage.is_last and bool(losses)
+    return StepResult(torch.tensor(losses[-1]) if last else None, grads, losses=tuple(losses) if last else (),
+                      params={n: p.detach().clone() for n, p in shard.named_parameters()},
+                      times=tuple(times), bytes_sent=tuple(sent), peak_bytes=whole.peak_bytes)
+
+
+def _minibatches(x, y, steps: int, batch_size: int | None, seed: int):
+    """`train_mlp`'s minibatches: `batch_size` rows drawn by a seeded generator (None: all rows)."""
     g = torch.Generator().manual_seed(seed)
-    losses = []
     for _ in range(steps):
         if batch_size is None:
-            xb, yb = x, y
+            yield x, y
         else:
             ix = torch.randint(len(x), (batch_size,), generator=g)  # (B,) the same on every rank
-            xb, yb = x[ix], y[ix]  # (B, in_features), (B,)
-        opt.zero_grad(set_to_none=True)
-        if hand_written:
-            loss = HAND_WRITTEN[schedule_info(schedule).generator](shard, xb, yb, num_microbatches)
-        else:
-            loss = execute(plan, [shard.stage], xb, yb, F.cross_entropy, group, costs=costs)
-        grads = {n: p.grad.clone() for n, p in shard.named_parameters()}
-        opt.step()
-        if loss is not None:
-            losses.append(loss.item())
-    params = {n: p.detach().clone() for n, p in shard.named_parameters()}
-    last = shard.stage.is_last and bool(losses)
-    return StepResult(torch.tensor(losses[-1]) if last else None, grads,
-                      losses=tuple(losses) if last else (), params=params)
+            yield x[ix], y[ix]  # (B, in_features), (B,)
+
+
+def _forward_backward(shard: ShardedMLP, schedule: str, m: int, hand_written: bool, group, opts):
+    """One pipelined forward and backward of a minibatch: the hand-written loop, or `execute`."""
+    if hand_written:
+        loop = HAND_WRITTEN[schedule_info(schedule).generator]
+        return lambda xb, yb: loop(shard, xb, yb, m)
+    plan = resolve_schedule(schedule, shard.stage.num_stages, m)
+    return lambda xb, yb: execute(plan, [shard.stage], xb, yb, F.cross_entropy, group, **opts.execute_kw())
 
 
 def run_train(cluster, config, x, y, steps: int, *, timeout: float | None = None, **kw) -> list:
@@ -228,18 +241,13 @@ def run_train(cluster, config, x, y, steps: int, *, timeout: float | None = None
     ranks or than layers, an unknown schedule, a hand-written schedule that does not exist, a
     batch that m microbatches cannot split.
     """
-    num_stages = kw.get("num_stages")
-    num_stages = cluster.world_size if num_stages is None else num_stages
-    _check_stages(num_stages, cluster.world_size)
-    _check_steps(steps)
+    num_stages = cluster.world_size if kw.get("num_stages") is None else kw["num_stages"]
     m, schedule = kw.get("num_microbatches", 1), kw.get("schedule", train.__kwdefaults__["schedule"])
-    if kw.get("hand_written") and schedule_info(schedule).generator not in HAND_WRITTEN:
-        raise ValueError(f"hand_written=True knows schedules {sorted(g.__name__ for g in HAND_WRITTEN)}, "
-                         f"not {schedule!r}; pass hand_written=False to run it with execute")
+    _check_train(num_stages, cluster.world_size, steps, schedule, kw.get("hand_written", False))
+    opts, _ = StepOptions.split(kw, train)  # an unknown keyword fails here, as a TypeError
     resolve_schedule(schedule, num_stages, m)  # unknown name, m < 1
-    partition(config.num_layers, num_stages, kw.get("balance", "layers"),
-              [1] * config.num_layers)  # more stages than layers, a bad balance list
-    rows = kw.get("batch_size") or len(y)
+    partition(config.num_layers, num_stages, opts.balance, [1] * config.num_layers)  # more stages than layers
+    rows = opts.batch_size or len(y)
     if rows % m:
         raise ValueError(f"a batch of {rows} rows cannot be split into m={m} equal microbatches; "
                          f"use a batch size that is a multiple of {m}")

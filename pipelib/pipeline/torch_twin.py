@@ -25,7 +25,6 @@ Chapter 13 (pipelines IV: zero bubble, DualPipeV, against PyTorch).
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 
@@ -33,10 +32,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipelib.pipeline.step import Runner, check_step, make_batch, resolve_schedule, timed_steps
-from pipelib.pipeline.stage import stage_grads, stage_modules
-from pipelib.results import StepResult
 from pipelib.pipeline.schedules import ALIASES, REGISTRY, Schedule, from_csv, schedule_info
+from pipelib.pipeline.stage import stage_grads, stage_modules
+from pipelib.pipeline.step import Runner, StepOptions, check_step, make_batch, resolve_schedule, timed_steps
+from pipelib.results import StepResult
 
 __all__ = ["TORCH_SCHEDULES", "check_torch_step", "prepare_torch_step", "torch_train_step",
            "run_torch_train_step", "compare_step_times", "run_compare_step_times",
@@ -90,23 +89,31 @@ def check_torch_step(schedule, p, m, model_config=None, batch_size=None, *, num_
     return s
 
 
-@contextlib.contextmanager
 def _pipeline_group(p: int, group):
-    """The p ranks of the pipeline. torch's stages need a group of exactly p ranks: on a bigger
-    world without `group`, a subgroup of ranks 0..p-1 is made for the block and destroyed after
-    (every rank must enter; ranks outside get NON_GROUP_MEMBER)."""
+    """The p ranks of the pipeline. torch's stages need a group of exactly p ranks: `group`
+    itself, or on a bigger world without one the mesh's pp group of ranks 0..p-1 (made once per
+    engine and kept on the device: `runtime.mesh`; every rank must call this). Ranks outside it
+    get NON_GROUP_MEMBER."""
+    from pipelib.runtime.mesh import Mesh
+
     size = dist.get_world_size(group)
     if size == p:
-        yield group
-        return
+        return group
     if group is not None:
         raise ValueError(f"torch's pipelining needs a group of exactly p={p} ranks; this one has {size}")
-    made = dist.new_group(list(range(p)))
-    try:
-        yield made
-    finally:
-        if made is not dist.GroupMember.NON_GROUP_MEMBER:
-            dist.destroy_process_group(made)
+    mesh = Mesh.first(p, "pp")
+    return mesh["pp"] if mesh.contains else dist.GroupMember.NON_GROUP_MEMBER
+
+
+def _torch_options(options: dict) -> StepOptions:
+    """`StepOptions` for torch's side: its schedule runs its own ops, so pipelib's executor's
+    options (costs, recv_ahead, check) do not apply."""
+    opts = StepOptions(**options)
+    mine = {k: getattr(opts, k) for k in ("costs", "recv_ahead", "check")}
+    if mine != {k: getattr(StepOptions(), k) for k in mine}:
+        raise ValueError(f"torch.distributed.pipelining runs its own ops: {mine} are options of "
+                         f"pipelib's executor only; leave them out for torch's twin")
+    return opts
 
 
 def _torch_pipeline(name: str, s: Schedule, modules, rank: int, group, device):
@@ -122,21 +129,21 @@ def _torch_pipeline(name: str, s: Schedule, modules, rank: int, group, device):
     return stages, cls(stages[0] if single else stages, s.num_microbatches, loss_fn=F.cross_entropy)
 
 
-def prepare_torch_step(name: str, s: Schedule, model_config, rank: int, batch_seed: int = 0, *,
-                       batch_size: int, model_seed: int = 0, balance="layers", group=None,
-                       dtype=torch.float32) -> Runner:
+def prepare_torch_step(name: str, s: Schedule, model_config, rank: int, batch_seed: int = 0,
+                       opts: StepOptions | None = None, group=None) -> Runner:
     """`pipeline.prepare_step`'s twin: the same stages of the same MLP, run by torch's schedule."""
     from pipelib.runtime.device import current
 
+    opts = opts or StepOptions()
     device = current().torch_device
-    bounds, modules = stage_modules(model_config, s.num_stages, model_seed=model_seed,
-                                    balance=balance, dtype=dtype)
+    bounds, modules = stage_modules(model_config, s.num_stages, model_seed=opts.model_seed,
+                                    balance=opts.balance, dtype=opts.dtype)
     mine = s.stages_of(rank)
     for k in mine:
         modules[k].to(device)
     stages, sched = _torch_pipeline(name, s, modules, rank, group, device)
-    x, y = make_batch(model_config, batch_size, batch_seed)
-    args = (x.to(dtype).to(device),) if 0 in mine else ()
+    x, y = make_batch(model_config, opts.rows(s), batch_seed)
+    args = (x.to(opts.dtype).to(device),) if 0 in mine else ()
     target = y.to(device) if s.num_stages - 1 in mine else None
 
     def step():
@@ -151,76 +158,73 @@ def prepare_torch_step(name: str, s: Schedule, model_config, rank: int, batch_se
 
 
 def torch_train_step(schedule: str, p: int, m: int, model_config=None, batch_seed: int = 0, *,
-                     batch_size: int | None = None, model_seed: int = 0, num_chunks: int = 2,
-                     balance="layers", group=None, dtype=torch.float32, steps: int = 1,
-                     timed: bool = False):
+                     group=None, steps: int = 1, timed: bool = False, **options):
     """Run on every engine: `pipeline.train_step`'s step, run by torch.distributed.pipelining.
 
-    Same model, batch, stage boundaries and placement as pipelib's `train_step`; torch's
-    `PipelineStage` wraps each of this rank's stage modules and torch's schedule class of the
-    same name runs `step(x, target=y, losses=...)`. Returns a `StepResult` (loss or None,
-    {monolith parameter name: gradient} for this rank's stages), like `train_step`; ranks
-    outside the pipeline return None. `steps` > 1 repeats the step on the same schedule object
-    (torch infers shapes on the first only); timed=True fills its `times` (`timed_steps`).
-
-    On a world bigger than p, every rank must call it (it makes a subgroup of ranks 0..p-1).
+    Same model, batch, stage boundaries and placement as pipelib's `train_step` (`options`:
+    `StepOptions`' batch_size, model_seed, num_chunks, balance, dtype); torch's `PipelineStage`
+    wraps each of this rank's stage modules and torch's schedule class of the same name runs
+    `step(x, target=y, losses=...)`. Returns a `StepResult` (loss or None, {monolith parameter
+    name: gradient} for this rank's stages), like `train_step`; ranks outside the pipeline
+    return None. `steps` > 1 repeats the step on the same schedule object (torch infers shapes
+    on the first only). `times` are seconds per step on the host's clock (`timed_steps`):
+    torch's ops are not the device's, so a simulated device would model none of them.
+    timed=True starts each step from a barrier. On a world bigger than p, every rank must call
+    it (the pipeline's group is the mesh's pp group of ranks 0..p-1).
     """
     import torch.distributed.pipelining  # noqa: F401 (seconds on a loaded machine: before any message)
 
     from pipelib.model import MLPConfig
 
-    name = _torch_name(schedule)
-    s = resolve_schedule(name, p, m, num_chunks)
-    with _pipeline_group(s.num_ranks, group) as group:
-        if group is dist.GroupMember.NON_GROUP_MEMBER:
-            return None
-        run = prepare_torch_step(name, s, model_config or MLPConfig(), dist.get_rank(group),
-                                 batch_seed, batch_size=batch_size or 2 * m,
-                                 model_seed=model_seed, balance=balance, group=group, dtype=dtype)
-        if steps == 1 and not timed:
-            loss, times = run.step(), []
-        else:
-            loss, times = timed_steps(run.step, run.modules, steps, group)
-        return StepResult(loss, run.grads(), times=tuple(times))
+    name, opts = _torch_name(schedule), _torch_options(options)
+    s = resolve_schedule(name, p, m, opts.num_chunks)
+    group = _pipeline_group(s.num_ranks, group)
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        return None
+    run = prepare_torch_step(name, s, model_config or MLPConfig(), dist.get_rank(group), batch_seed,
+                             opts, group)
+    loss, times, _ = timed_steps(run.step, run.modules, steps, group, barrier=timed or steps > 1,
+                                 host=True)
+    return StepResult(loss, run.grads(), times=tuple(times))
 
 
 def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_seed: int = 0, *,
-                       steps: int = 5, batch_size: int | None = None, model_seed: int = 0,
-                       num_chunks: int = 2, balance="layers", group=None, dtype=torch.float32,
-                       recv_ahead: int = 2, check: bool = False):
+                       steps: int = 5, group=None, **options):
     """Run on every engine: pipelib's and torch's step alternately: {"pipelib": [s], "torch": [s]}.
 
-    Both are built once (same model, batch, stages and placement), then run alternately, step
-    by step, `steps` + 1 times each (pipelib first on even steps, torch first on odd), each
-    from a barrier (`timed_steps`); the first of each is a warm-up (shape inference) to drop.
-    Alternating step by step keeps the two sides' samples close in time on a shared machine.
-    The last steps' gradients must agree (torch.testing.assert_close), so both did the same work.
+    Both are built once (same model, batch, stages and placement; `options` are `StepOptions`',
+    recv_ahead and check for pipelib's side only), then run alternately, step by step, `steps`
+    + 1 times each (pipelib first on even steps, torch first on odd), each from a barrier and
+    timed on the host's clock (`timed_steps`: torch's ops are not the device's); the first of
+    each is a warm-up (shape inference) to drop. Alternating step by step keeps the two sides'
+    samples close in time on a shared machine. The last steps' gradients must agree
+    (torch.testing.assert_close), so both did the same work.
     """
     import torch.distributed.pipelining  # noqa: F401
 
     from pipelib.model import MLPConfig
     from pipelib.pipeline.step import prepare_step
+    from pipelib.runtime.device import current
 
-    model_config = model_config or MLPConfig()
-    name = _torch_name(schedule)
-    s = resolve_schedule(name, p, m, num_chunks)
-    with _pipeline_group(s.num_ranks, group) as group:
-        if group is dist.GroupMember.NON_GROUP_MEMBER:
-            return None
-        rank, batch_size = dist.get_rank(group), batch_size or 2 * m
-        kw = dict(batch_size=batch_size, model_seed=model_seed, balance=balance, group=group,
-                  dtype=dtype)
-        runs = {"pipelib": prepare_step(s, model_config, rank, batch_seed, recv_ahead=recv_ahead,
-                                        check=check, **kw),
-                "torch": prepare_torch_step(name, s, model_config, rank, batch_seed, **kw)}
+    model_config, opts = model_config or MLPConfig(), StepOptions(**options)
+    name, torch_opts = _torch_name(schedule), _torch_options({**options, "recv_ahead": 2, "check": False})
+    s = resolve_schedule(name, p, m, opts.num_chunks)
+    group = _pipeline_group(s.num_ranks, group)
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        return None
+    rank, dev = dist.get_rank(group), current()
+    with dev.measure(fresh_memory=True):  # new models: no pointers of earlier ones
+        runs = {"pipelib": prepare_step(s, model_config, rank, batch_seed, opts, group),
+                "torch": prepare_torch_step(name, s, model_config, rank, batch_seed, torch_opts, group)}
+        dev.memory.track_module(*runs["pipelib"].modules)
         times: dict = {"pipelib": [], "torch": []}
         for i in range(steps + 1):
             for side in (("pipelib", "torch") if i % 2 == 0 else ("torch", "pipelib")):
-                times[side] += timed_steps(runs[side].step, runs[side].modules, 1, group)[1]
-        ours, theirs = runs["pipelib"].grads(), runs["torch"].grads()
-        for k in ours:
-            torch.testing.assert_close(ours[k], theirs[k], msg=lambda e: f"rank {rank} {k}: {e}")
-        return times
+                times[side] += timed_steps(runs[side].step, runs[side].modules, 1, group, host=True)[1]
+    mine, theirs = runs["pipelib"].grads(), runs["torch"].grads()
+    for k in mine:
+        torch.testing.assert_close(mine[k], theirs[k], msg=lambda e, k=k: f"rank {rank} {k}: {e}")
+    return times
 
 
 def run_torch_train_step(cluster, schedule: str, p: int, m: int, model_config=None,
@@ -228,8 +232,9 @@ def run_torch_train_step(cluster, schedule: str, p: int, m: int, model_config=No
     """Check in the notebook (`check_torch_step`), then `torch_train_step` on every rank."""
     from pipelib.model import MLPConfig
 
-    check_torch_step(schedule, p, m, model_config or MLPConfig(), kw.get("batch_size"),
-                     num_chunks=kw.get("num_chunks", 2), world_size=cluster.world_size)
+    opts, _ = StepOptions.split(kw, torch_train_step)  # an unknown keyword fails here, as a TypeError
+    check_torch_step(schedule, p, m, model_config or MLPConfig(), opts.batch_size,
+                     num_chunks=opts.num_chunks, world_size=cluster.world_size)
     return cluster.run(torch_train_step, schedule, p, m, model_config, batch_seed, **kw)
 
 
@@ -241,8 +246,9 @@ def run_compare_step_times(cluster, schedule: str, p: int, m: int, model_config=
 
     from pipelib.model import MLPConfig
 
-    check_torch_step(schedule, p, m, model_config or MLPConfig(), kw.get("batch_size"),
-                     num_chunks=kw.get("num_chunks", 2), world_size=cluster.world_size)
+    opts, _ = StepOptions.split(kw, compare_step_times)
+    check_torch_step(schedule, p, m, model_config or MLPConfig(), opts.batch_size,
+                     num_chunks=opts.num_chunks, world_size=cluster.world_size)
     per_rank = [r for r in cluster.run(compare_step_times, schedule, p, m, model_config,
                                        batch_seed, **kw) if r is not None]
     out = {}

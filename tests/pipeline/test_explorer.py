@@ -5,7 +5,7 @@ import re
 import pytest
 
 from pipelib.pipeline.explorer import (
-    Setting, explorer, explorer_figures, explorer_sweep, max_difference, predict, summary_html,
+    Setting, explorer, explorer_figures, explorer_sweep, predict, summary_html,
 )
 from pipelib.pipeline.schedules import GENERATORS, REGISTRY
 from pipelib.pipeline.simulate import bubble_closed_form
@@ -77,13 +77,24 @@ def test_sweep_has_one_frame_per_value_and_titles_from_the_simulation():
         explorer_sweep("k", [1])
 
 
-def test_max_difference():
+def test_trace_matches_its_prediction():
     a = Trace([Event(0, Kind.COMPUTE, "F", 0, 1, stage=0, microbatch=0),
                Event(1, Kind.COMPUTE, "F", 1, 2, stage=1, microbatch=0)])
     b = Trace([Event(0, Kind.COMPUTE, "F", 10, 11, stage=0, microbatch=0),
                Event(1, Kind.COMPUTE, "F", 11, 12.5, stage=1, microbatch=0)])
-    assert max_difference(a, b) == pytest.approx(0.5)  # each drawn from its first op
-    assert max_difference(a, Trace(a.events[:1])) == float("inf")
+    assert a.matches(b, align=True) == pytest.approx(0.5)  # each counted from its first op
+    assert a.matches(b) == pytest.approx(10.5) and a.matches(a, tol=0) == 0
+    with pytest.raises(AssertionError, match=r"rank 1 ran another order: event 0 is compute 'F' "
+                                             r"stage 1 microbatch 0 \[1, 2\] here but missing"):
+        a.matches(Trace(a.events[:1]))
+    other = Trace([a.events[0], Event(1, Kind.COMPUTE, "B", 1, 2, stage=1, microbatch=0)])
+    with pytest.raises(AssertionError, match=r"event 0 is compute 'F' .* but compute 'B'"):
+        a.matches(other)
+    with pytest.raises(AssertionError, match=r"rank 1's compute 'F' stage 1 microbatch 0 .* is 0.5 s "
+                                             r"away from its prediction \(tolerance 1e-09 s\)"):
+        a.matches(b, tol=1e-9, align=True)
+    sends = Trace([Event(0, Kind.SEND, "act", 0, 0.5, stage=0, microbatch=0)])
+    assert a.matches(Trace(a.events + sends.events)) == 0  # compute only, by default
 
 
 # ----------------------------------------------------------------------------- the widget

@@ -83,9 +83,16 @@ def test_without_the_sum_each_copy_holds_only_its_own_use(cluster4):
 def _tied_step(name, p, m, megatron):
     """The sum by an exchange on the pipeline group, or Megatron's way: an all-reduce on the
     {first, last} group, which every rank must create."""
-    from pipelib.pipeline.gpt import embedding_group
+    import torch.distributed as dist
 
-    group = embedding_group(resolve_schedule(name, p, m)) if megatron else None
+    from pipelib.pipeline.gpt import embedding_group, tied_ranks
+    from pipelib.runtime.mesh import Mesh
+
+    s = resolve_schedule(name, p, m)
+    group = embedding_group(s) if megatron else None
+    if megatron:  # the mesh's tied group, made once per engine (every rank makes the mesh)
+        tied = Mesh.first(p, "pp").tied_group(*tied_ranks(s))
+        assert dist.get_rank() not in tied_ranks(s) or group is tied is embedding_group(s)
     return gpt_train_step(name, p, m, CFG, batch_seed=m, emb_group=group, costs=COSTS)
 
 

@@ -84,12 +84,7 @@ def test_measured_timeline_equals_simulate(cluster4, name, p, m):
     measured = cluster4.trace().filter(kind=Kind.COMPUTE)
     predicted = simulate(resolve_schedule(name, p, m), costs).events.filter(kind=Kind.COMPUTE)
     assert len(measured) == len(predicted) == sum(len(a) for a in resolve_schedule(name, p, m).actions)
-    for r in range(p):
-        got = [(e.label, e.stage, e.microbatch, e.start, e.end) for e in measured.filter(rank=r)]
-        want = [(e.label, e.stage, e.microbatch, e.start, e.end) for e in predicted.filter(rank=r)]
-        assert [g[:3] for g in got] == [w[:3] for w in want], f"rank {r} ran another order"
-        for g, w in zip(got, want):
-            assert g[3:] == pytest.approx(w[3:], abs=1e-12), f"rank {r} {g[:3]}: {g[3:]} != {w[3:]}"
+    measured.matches(predicted, tol=1e-12)  # rank by rank: the same ops, in order, at the same times
 
 
 def _ahead(recv_ahead, costs):
@@ -104,13 +99,7 @@ def test_receives_posted_ahead_change_neither_gradients_nor_timeline(cluster4, r
     cluster4.reset()
     check_against_reference(cluster4.run(_ahead, recv_ahead, costs),
                             *monolith_step(CFG, ROWS * 8, batch_seed=8))
-    measured = cluster4.trace().filter(kind=Kind.COMPUTE)
-    predicted = simulate(resolve_schedule("zbv", 4, 8), costs).events.filter(kind=Kind.COMPUTE)
-    for r in range(4):
-        got = [(e.label, e.stage, e.microbatch, e.start, e.end) for e in measured.filter(rank=r)]
-        want = [(e.label, e.stage, e.microbatch, e.start, e.end) for e in predicted.filter(rank=r)]
-        assert [g[:3] for g in got] == [w[:3] for w in want], f"rank {r} ran another order"
-        assert max(abs(g[3] - w[3]) + abs(g[4] - w[4]) for g, w in zip(got, want)) < 1e-12
+    cluster4.trace().matches(simulate(resolve_schedule("zbv", 4, 8), costs).events, tol=1e-12)
 
 
 def _steps():
@@ -120,7 +109,40 @@ def _steps():
 def test_repeated_steps_give_one_steps_gradients_and_times(cluster4):
     res = cluster4.run(_steps)
     assert all(len(r.times) == 3 and min(r.times) > 0 for r in res)
+    assert all(len(r.bytes_sent) == 3 and len(set(r.bytes_sent)) == 1 for r in res)  # the same step thrice
     check_against_reference(res, *monolith_step(CFG, ROWS * 4, batch_seed=4))
+
+
+def _measured(costs):
+    from pipelib.runtime.device import current
+
+    dev = current()
+    before = (dev.memory, dev.memory.capacity, dev.memory.peak)
+    r = train_step("1f1b", 4, 4, CFG, batch_seed=4, costs=costs)
+    return r, before == (dev.memory, dev.memory.capacity, dev.memory.peak)
+
+
+def test_step_results_are_the_devices_measurement_and_leave_it_alone(cluster4):
+    """times on the device's (virtual) clock, bytes_sent and peak_bytes from `Device.measure`
+    scopes: the trace's bytes, and the device's own tracker untouched afterwards."""
+    costs = Costs(F=1e-3, B=2e-3, p2p=get_profile(cluster4.spec.profile).message_time,
+                  message_bytes=ROWS * CFG.hidden * 4)
+    cluster4.reset()
+    per_rank = cluster4.run(_measured, costs)
+    trace = cluster4.trace()
+    makespan = simulate(resolve_schedule("1f1b", 4, 4), costs).makespan
+    for rank, (r, untouched) in enumerate(per_rank):
+        assert untouched, f"rank {rank}: the step replaced or changed the device's tracker"
+        assert r.bytes_sent == (trace.bytes_sent(rank),) and "bytes_sent" not in r.stats
+        assert r.stats["messages"] * ROWS * CFG.hidden * 4 == r.bytes_sent[0]
+        assert r.peak_bytes >= r.stats["base_bytes"] + r.stats["peak_activation_bytes"] > 0
+        assert 0 < r.times[0] <= makespan + 1e-12  # each rank's own span, on its virtual clock
+    assert max(r.times[0] for r, _ in per_rank) == pytest.approx(makespan, abs=1e-12)  # the step's
+
+
+def test_an_unknown_keyword_fails_in_the_notebook():
+    with pytest.raises(TypeError, match=r"train_step: unknown keyword\(s\) \['cost'\]; the known ones"):
+        run_train_step(NoCluster(), "1f1b", 2, 2, CFG, cost=None)
 
 
 def test_kept_shapes_refuse_another_batch_shape():

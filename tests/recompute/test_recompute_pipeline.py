@@ -60,6 +60,12 @@ def test_bad_policy_fails_before_any_engine_work():
         run_recompute_gpt_step(NoCluster(), "1f1b", 4, 4, CFG, policy="half")
 
 
+def _capacity():
+    from pipelib.runtime.device import current
+
+    return current().memory.capacity, current().profile.memory
+
+
 def test_only_recomputation_fits_the_ranks_simulated_device(cluster4):
     """A one-stage pipeline on rank 0 with half the activation room it needs: out of memory
     without recomputation (the cluster stays usable), fits with it, same gradients."""
@@ -67,10 +73,12 @@ def test_only_recomputation_fits_the_ranks_simulated_device(cluster4):
 
     kw = dict(batch_size=M * ROWS, costs=Costs())
     none = run_recompute_gpt_step(cluster4, "1f1b", 1, M, CFG, policy="none", **kw)[0]
-    fixed = none.stats["peak_total_bytes"] - none.stats["peak_rerun_bytes"]
+    fixed = none.peak_bytes - none.stats["peak_rerun_bytes"]
     device = fixed + none.stats["peak_rerun_bytes"] // 2
     with pytest.raises(RankError, match="SimulatedOutOfMemoryError"):
         run_recompute_gpt_step(cluster4, "1f1b", 1, M, CFG, policy="none", capacity=device, **kw)
     full = run_recompute_gpt_step(cluster4, "1f1b", 1, M, CFG, policy="full", capacity=device, **kw)[0]
-    assert full.stats["peak_total_bytes"] <= device
+    assert full.peak_bytes <= device
+    # the small device was a scoped override: every rank has its own capacity back, OOM or not
+    assert all(cap == own for cap, own in cluster4.run(_capacity))
     assert all(torch.equal(full.grads[n], none.grads[n]) for n in none.grads)
