@@ -33,9 +33,8 @@ def fsdp_train(spec: dict, steps: int = 3, batch: int = 8, *, lr: float = 1e-3, 
     from pipelib.data_parallel.zero_units import layer_units
 
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    ranks = list(range(dist.get_world_size())) if group is None else dist.get_process_group_ranks(group)
-    mesh = DeviceMesh.from_group(group or dist.group.WORLD, "cpu", mesh=ranks) if group is not None else \
-        DeviceMesh("cpu", ranks)
+    # torch's mesh over the very group pipelib's ZeRO uses (no group is made here)
+    mesh = DeviceMesh.from_group(dist.group.WORLD if group is None else group, "cpu")
     model = zero_model(spec)
     for _, layer in layer_units(model):
         if layer is not model:

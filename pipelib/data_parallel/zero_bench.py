@@ -6,6 +6,8 @@ penalty) and torch's FSDP2 (`fully_shard` per layer, then the root), all with to
 `zero_bench_step(which)` times one training step of one of them, from a barrier to the end of
 its optimizer step: the benchmark (bench/data_parallel_zero.py) alternates them step by step,
 so a change of load on a shared machine hits all three alike, and takes the slowest rank.
+The contestants are kept on the engine's Device between the two calls (`Device.groups`,
+under the key ("zero_bench",)), not in a module global.
 
 Introduced for chapter 08's benchmark.
 """
@@ -15,33 +17,35 @@ import time
 
 import torch
 
-_BENCH: dict = {}
+_KEY = ("zero_bench",)
 
 
 def zero_bench_setup(spec: dict, batch: int, lr: float = 1e-3, group=None) -> int:
-    """Build the three contestants on this rank; return the number of parameters."""
+    """Build the three contestants on this rank (kept on its Device); return the number of
+    parameters. Every rank of the world calls it (FSDP2's mesh is `Mesh.first(n)`'s)."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     from pipelib.data_parallel.zero import ZeRO
     from pipelib.data_parallel.zero_runner import zero_model, zero_batches
     from pipelib.data_parallel.zero_units import layer_units
+    from pipelib.runtime.device import current
+    from pipelib.runtime.mesh import Mesh
 
-    _BENCH.clear()
+    bench = current().groups[_KEY] = {}
     n, r = dist.get_world_size(group), dist.get_rank(group)
     x, y = next(zero_batches(spec, 1, batch, n, r))
     for stage in (0, 3):
         m = zero_model(spec)
-        _BENCH[f"zero{stage}"] = (m, ZeRO(m, group, stage=stage, lr=lr))
+        bench[f"zero{stage}"] = (m, ZeRO(m, group, stage=stage, lr=lr))
     m = zero_model(spec)
-    mesh = DeviceMesh("cpu", list(range(n)))
+    mesh = Mesh.first(n).to_device_mesh("cpu")
     for _, layer in layer_units(m):
         if layer is not m:
             fully_shard(layer, mesh=mesh)
     fully_shard(m, mesh=mesh)
-    _BENCH["fsdp2"] = (m, torch.optim.Adam(m.parameters(), lr=lr))
-    _BENCH["batch"] = (x, y)
+    bench["fsdp2"] = (m, torch.optim.Adam(m.parameters(), lr=lr))
+    bench["batch"] = (x, y)
     return sum(p.numel() for p in zero_model(spec).parameters())
 
 
@@ -50,9 +54,11 @@ def zero_bench_step(which: str) -> float:
     import torch.distributed as dist
 
     from pipelib.data_parallel.zero_runner import zero_loss
+    from pipelib.runtime.device import current
 
-    model, opt = _BENCH[which]
-    x, y = _BENCH["batch"]
+    bench = current().groups[_KEY]
+    model, opt = bench[which]
+    x, y = bench["batch"]
     dist.barrier()
     t0 = time.perf_counter()
     loss = zero_loss(opt if which.startswith("zero") else model, x, y)

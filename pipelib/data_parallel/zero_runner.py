@@ -27,9 +27,6 @@ import torch.nn.functional as F
 
 from pipelib.results import StepResult
 
-_CORPUS = {}
-
-
 def zero_model(spec: dict) -> torch.nn.Module:
     """pipelib's MLP or GPT from a spec dict (keys of MLPConfig / GPTConfig, "kind", "seed")."""
     from pipelib.model import GPT, MLP, GPTConfig, MLPConfig
@@ -51,26 +48,23 @@ def zero_loss(model, x, y):
     return F.cross_entropy(model(x).float(), y)
 
 
-def _corpus():
-    if "c" not in _CORPUS:
-        from pipelib.data import char_corpus
-
-        _CORPUS["c"] = char_corpus()
-    return _CORPUS["c"]
-
-
 def zero_batches(spec: dict, steps: int, batch: int, world_size: int = 1, rank: int = 0, first: int = 0):
     """Yield (x, y) of steps first..first+steps-1: rank's rows of the global batch of each step."""
     if batch % world_size:
         raise ValueError(f"global batch {batch} does not divide by world_size {world_size}; "
                          f"use a multiple of {world_size}")
     b = batch // world_size
+    corpus = None
+    if spec.get("kind", "mlp") == "gpt" and spec.get("data") == "corpus":
+        from pipelib.data import char_corpus
+
+        corpus = char_corpus()  # once per run, not per step
     for s in range(first, first + steps):
         g = torch.Generator().manual_seed(1000 + s)
         if spec.get("kind", "mlp") == "gpt":
             T = spec.get("block_size")
-            if spec.get("data") == "corpus":
-                x, y = _corpus().get_batch("train", batch, T, generator=g)
+            if corpus is not None:
+                x, y = corpus.get_batch("train", batch, T, generator=g)
             else:
                 x = torch.randint(spec["vocab_size"], (batch, T + 1), generator=g)
                 x, y = x[:, :-1].contiguous(), x[:, 1:].contiguous()
@@ -108,70 +102,60 @@ def zero_train(spec: dict, stage: int, steps: int = 3, batch: int = 8, *, lr: fl
     """Train `steps` ZeRO steps on this rank (call on every rank of `group`).
 
     Forward, backward and the optimizer step are compute ops of the device (modelled on a
-    simulated one; collectives inside them advance the clock as well). `losses`: the whole
-    batch's loss per step (the ranks' means averaged, with an untraced gloo all-reduce). stats: "memory" measured
-    after the last step (persistent state), "tracker" (the device's memory tracker then, by
-    category), "peak" (the tracker's), "bytes_sent" per step
-    (this rank's payload bytes, from the p2p counters), "psi", "padded", "units"."""
+    simulated one; collectives inside them advance the clock as well). The run is one
+    `Device.measure(fresh_memory=True)` scope (a new model: its memory starts from nothing,
+    and the device's tracker is its own again afterwards), each step one `Device.measure()`.
+    `losses`: the whole batch's loss per step (the ranks' means averaged, with an untraced gloo
+    all-reduce). stats: "memory" measured after the last step (persistent state), "tracker"
+    (the device's memory tracker then, by category), "peak" (the most it held during the
+    run), "bytes_sent" per step (this rank's payload bytes, `Measurement.bytes_sent`), "psi",
+    "padded", "units"."""
     import torch.distributed as dist
 
-    from pipelib.comm import p2p
     from pipelib.data_parallel.zero import ZeRO
     from pipelib.runtime.device import current
 
     dev = current()
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    model = zero_model(spec)
-    zero = ZeRO(model, group, stage=stage, lr=lr, mixed_precision=mixed_precision)
-    dev.reset()
     losses, times, sent = [], [], []
     grads = {}
-    for x, y in zero_batches(spec, steps, batch, n, r):
-        p2p.reset_counters()
-        t0 = dev.clock.now()
-        with dev.compute("forward"):
-            loss = zero_loss(zero, x, y)
-        with dev.compute("backward"):
-            loss.backward()
-        grads_now = None
-        if len(losses) == steps - 1:
-            grads_now = zero.full_gradients()
-        with dev.compute("optimizer", duration=0.0 if dev.modelled else None):
-            zero.step()
-            zero.zero_grad()
-        times.append(dev.clock.now() - t0)
-        sent.append(p2p.counters()["bytes_sent"])
-        mean = loss.detach().clone()
-        dist.all_reduce(mean, group=group)  # raw gloo, untraced: the whole batch's loss, for curves
-        losses.append(mean.item() / n)
-        grads = grads_now or grads
-    stats = {"memory": zero.memory(), "tracker": dict(dev.memory.bytes), "peak": dev.memory.peak,
-             "bytes_sent": tuple(sent),
+    with dev.measure(fresh_memory=True) as run:
+        zero = ZeRO(zero_model(spec), group, stage=stage, lr=lr, mixed_precision=mixed_precision)
+        for x, y in zero_batches(spec, steps, batch, n, r):
+            with dev.measure() as one:
+                with dev.compute("forward"):
+                    loss = zero_loss(zero, x, y)
+                with dev.compute("backward"):
+                    loss.backward()
+                grads_now = None
+                if len(losses) == steps - 1:
+                    grads_now = zero.full_gradients()
+                with dev.compute("optimizer", duration=0.0 if dev.modelled else None):
+                    zero.step()
+                    zero.zero_grad()
+            times.append(one.time)
+            sent.append(one.bytes_sent)
+            mean = loss.detach().clone()
+            dist.all_reduce(mean, group=group)  # raw gloo, untraced: the whole batch's loss, for curves
+            losses.append(mean.item() / n)
+            grads = grads_now or grads
+        memory, tracker = zero.memory(), dict(dev.memory.bytes)
+    stats = {"memory": memory, "tracker": tracker, "peak": run.peak_bytes, "bytes_sent": tuple(sent),
              "psi": sum(u.numel for u in zero.units), "padded": sum(u.padded for u in zero.units),
              "units": len(zero.units), "world_size": n, "stage": stage, "mixed_precision": mixed_precision}
     return StepResult(loss=losses[-1], grads=grads, stats=stats, times=tuple(times), losses=tuple(losses),
                       params=zero.full_parameters())
 
 
-_GROUPS: dict = {}
-
-
-def _dp_group(world_size: int):
-    """The group of ranks 0..world_size-1 (None: the whole world), made once per engine. Every
-    rank calls this (dist.new_group is collective), in the same order."""
-    import torch.distributed as dist
-
-    if world_size == dist.get_world_size():
-        return None
-    if world_size not in _GROUPS:
-        _GROUPS[world_size] = dist.new_group(list(range(world_size)))
-    return _GROUPS[world_size]
-
-
 def _zero_on_rank(world_size, fn, args, kw):
+    """`fn(*args, group=..., **kw)` on ranks 0..world_size-1 of the world, None on the others.
+    Every rank calls it: the group is made by all (`runtime.mesh.make_group`, once per engine,
+    the same group as `Mesh.first(world_size)["dp"]`)."""
     import torch.distributed as dist
 
-    group = _dp_group(world_size)
+    from pipelib.runtime.mesh import make_group
+
+    group = make_group(range(world_size), "dp")
     if dist.get_rank() >= world_size:
         return None
     return fn(*args, group=group, **kw)

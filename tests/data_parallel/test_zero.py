@@ -158,3 +158,56 @@ def test_gradient_accumulation(cluster4, stage):
     for params in cluster4.run(_accumulate, stage):
         for k, v in ref.params.items():
             torch.testing.assert_close(params[k], v, **TOL)
+
+
+class _Any(torch.nn.Module):
+    """Not one of the book's models: blocks in a ModuleList, a root parameter, a frozen layer."""
+
+    def __init__(self, device=None):
+        super().__init__()
+        self.embed = torch.nn.Linear(3, 4, device=device)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(4, 4, device=device), torch.nn.ReLU())
+                                          for _ in range(2))
+        self.frozen = torch.nn.Linear(4, 4, device=device).requires_grad_(False)
+        self.scale = torch.nn.Parameter(torch.ones(4, device=device))
+
+
+def test_units_of_any_model():
+    """The book's models keep their layers; any other model is cut into its children, the items
+    of a ModuleList one by one (per block, as FSDP is applied), and frozen parameters join none."""
+    from pipelib.data_parallel.zero_runner import zero_model
+    from pipelib.data_parallel.zero_units import build_units, unit_modules
+
+    assert [n for n, _ in unit_modules(zero_model(ODD))] == ["layers.0", "layers.1", "layers.2"]
+    assert [n for n, _ in unit_modules(zero_model(GPT))] == ["embed", "blocks.0", "blocks.1", "head"]
+    model = _Any()
+    units, uses = build_units(model, 2, 0, torch.float32)
+    assert [(u.name, u.numel) for u in units] == [("embed", 16), ("blocks.0", 20), ("blocks.1", 20), ("rest", 4)]
+    assert uses[model] == [units[-1]] and uses[model.blocks[1]] == [units[2]]
+    assert not any(id(p) in {id(q) for _, q in u.params} for u in units for p in model.frozen.parameters())
+    policy = unit_modules(_Any(), lambda m: isinstance(m, torch.nn.Linear))
+    assert [n for n, _ in policy] == ["embed", "blocks.0.0", "blocks.1.0", "frozen"]
+    named = _Any()
+    assert [m for _, m in unit_modules(named, ["blocks.1", named.embed])] == [named.blocks[1], named.embed]
+    with pytest.raises(ValueError, match="not a submodule of the model"):
+        unit_modules(named, [torch.nn.Linear(1, 1)])
+
+
+def test_buffers_live_on_the_parameters_device():
+    """Every flat buffer is made where the parameters are (a CUDA model stays on its GPU): shown
+    on torch's meta device, which allocates nothing."""
+    from pipelib.data_parallel.zero_units import build_units
+
+    units, _ = build_units(_Any(device="meta"), 2, 1, torch.float32)
+    assert {u.flat.device.type for u in units} == {u.flat_grads().device.type for u in units} == {"meta"}
+    assert {p.device.type for u in units for _, p in u.params} == {"meta"}
+
+
+def test_optimizer_argument_is_checked_before_any_communication():
+    from pipelib.data_parallel.zero import ZeRO
+
+    model = _Any()  # no process group exists in this process: any collective would fail
+    with pytest.raises(TypeError, match="pass the optimizer's class"):
+        ZeRO(model, None, 1, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="adamw=True with optimizer="):
+        ZeRO(model, None, 1, optimizer=torch.optim.SGD, adamw=True)

@@ -1,0 +1,98 @@
+"""What a ZeRO rank holds, read out: its gradient shards, whole tensors, and its checkpoint.
+
+- `grad_shards()`: {name: 1-D tensor}, each trainable parameter's piece of the averaged
+  gradient that this rank's optimizer reads (FSDP2 leaves a sharded gradient on every
+  parameter; ZeRO's shards are cut from a unit's flat buffer, so a piece is elements
+  [start, stop) of p.view(-1), `shard_ranges()`, possibly empty). Stage 0 holds everything.
+- `full_gradients()`, `full_parameters()`: {name: fp32 tensor, parameter-shaped}, gathered
+  with raw collectives of torch.distributed: a check, kept off the trace and the clock.
+- `state_dict()` / `load_state_dict()`: this rank's shard of every unit (the fp32 master weights
+  in mixed precision) and its optimizer's `state_dict()`: what a sharded checkpoint saves per rank.
+
+Introduced in chapter 08.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class ZeROShards:
+    """The read-out half of `pipelib.data_parallel.zero.ZeRO`."""
+
+    def _span(self, u) -> tuple[int, int]:
+        """The part of unit `u`'s flat buffer this rank's optimizer updates."""
+        return (0, u.padded) if self.stage == 0 else (u.lo, u.hi)
+
+    def shard_ranges(self) -> dict:
+        """{name: (start, stop)}: which elements of each trainable parameter (flattened) this
+        rank's optimizer updates; (0, 0) for a parameter wholly on other ranks."""
+        return {name: (a, b) for u in self.units for name, a, b, _ in u.pieces(*self._span(u))}
+
+    def grad_shards(self) -> dict:
+        """{name: 1-D tensor}: this rank's piece of each trainable parameter's averaged gradient
+        (elements `shard_ranges()[name]` of p.grad.view(-1)), as the optimizer reads it (fp32 in
+        mixed precision). Call after backward, before `step`: it averages the gradients first
+        if that has not happened yet (stages 0-1: the stage's collective). Views: clipping
+        them (in place) clips what the step applies."""
+        self.reduce_gradients()
+        out = {}
+        for u in self.units:
+            g = u.master.grad
+            for name, a, b, at in u.pieces(*self._span(u)):
+                out[name] = g[at:at + b - a]
+        return out
+
+    def full_parameters(self) -> dict:
+        """{name: fp32 tensor} of the whole model's trainable parameters (the master weights in
+        mixed precision), gathered with raw gloo collectives: a check, off the trace and the clock."""
+        return {k: v for u in self.units for k, v in self._full_unit(u, self._master_shard(u)).items()}
+
+    def _master_shard(self, u) -> torch.Tensor:
+        m = u.master.detach().float()
+        return m[u.lo:u.hi] if self.stage == 0 else m
+
+    def full_gradients(self) -> dict:
+        """{name: fp32 tensor}: the averaged gradients of the last backward (call before `step`
+        for stages 2-3, whose shards are reduced during backward; stages 0-1 are averaged here)."""
+        import torch.distributed as dist
+
+        out = {}
+        for u in self.units:
+            if self.stage <= 1:
+                g = u.gflat.detach().float().clone()
+                dist.all_reduce(g, group=self.group)
+                out.update(u.unflatten(g / self.n))
+            else:
+                out.update(self._full_unit(u, u.gshard.detach().float()))
+        return out
+
+    def _full_unit(self, u, piece) -> dict:
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(piece) for _ in range(self.n)]
+        dist.all_gather(parts, piece.contiguous(), group=self.group)
+        return u.unflatten(torch.cat(parts))
+
+    # ------------------------------------------------------------------ checkpoint of this rank
+    def state_dict(self) -> dict:
+        """This rank's shards (one 1-D tensor per unit, cloned) and its optimizer's state."""
+        return {"stage": self.stage, "world_size": self.n, "rank": self.rank,
+                "units": [u.numel for u in self.units],
+                "shards": [u.master.detach().clone() for u in self.units],
+                "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load what `state_dict` saved on this rank, for the same model, stage and group size;
+        every rank of the group calls it (stages 1-2 all-gather the loaded shards)."""
+        mine = {"stage": self.stage, "world_size": self.n, "rank": self.rank,
+                "units": [u.numel for u in self.units]}
+        theirs = {k: state.get(k) for k in mine}
+        if theirs != mine:
+            raise ValueError(f"ZeRO.load_state_dict: saved for {theirs}, this wrapper is {mine}; load a "
+                             f"rank's checkpoint into the same model, stage and group size")
+        with torch.no_grad():
+            for u, t in zip(self.units, state["shards"]):
+                u.master.copy_(t)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._publish()
+        self.sync_memory()
