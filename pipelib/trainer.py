@@ -39,7 +39,7 @@ def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
         return None
     dev = current()
     with dev.measure(fresh_memory=True) as run_scope:
-        par = parallelize(recipe.build(), mesh, plan)
+        par = parallelize(recipe.build().to(dev.torch_device), mesh, plan)
         params = par.parameters()
         dev.memory.track_module(*par.modules)
         opt = recipe.make_optimizer(params)
@@ -47,7 +47,7 @@ def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
         dp_rank, losses, times, sent, grads = mesh.local_rank("dp"), [], [], [], {}
         try:
             for step in range(recipe.steps):
-                x, y = recipe.batch(step, dp_rank, plan.dp)
+                x, y = (t.to(dev.torch_device) for t in recipe.batch(step, dp_rank, plan.dp))
                 if not dev.modelled:
                     dist.barrier()  # real devices: every rank starts the timed step together
                 with dev.measure() as m:
@@ -64,6 +64,7 @@ def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
             par.close()
         final = par.unshard("data")
     reports = _reports_loss(mesh, par)
+    grads, final = _on_cpu(grads), _on_cpu(final)
     return StepResult(loss=torch.tensor(losses[-1]) if reports else None, grads=grads, params=final,
                       losses=tuple(losses) if reports else (), times=tuple(times), bytes_sent=tuple(sent),
                       peak_bytes=run_scope.peak_bytes)
@@ -78,6 +79,11 @@ def run(cluster, recipe, plan, *, reset: bool = True) -> list:
     return cluster.run(train_plan, recipe, plan)
 
 
+def _on_cpu(tensors: dict) -> dict:
+    """What a rank returns to the notebook lives on the CPU (a CUDA tensor would pickle as one)."""
+    return {k: t.cpu() for k, t in tensors.items()}
+
+
 def _reports_loss(mesh, par) -> bool:
     c = mesh.coords
     if par.schedule is not None:
@@ -90,7 +96,8 @@ def _reports_loss(mesh, par) -> bool:
 def _mean_loss(loss, mesh, par) -> float:
     """The global loss of a step: the mean of the dp ranks' losses (raw gloo, off the trace),
     sent from the rank that computed it to the others of its pipeline (also raw)."""
-    value = torch.tensor([float(loss) if loss is not None else 0.0], dtype=torch.float64)
+    value = torch.tensor([float(loss) if loss is not None else 0.0], dtype=torch.float64,
+                         device=mesh.dev.torch_device)  # NCCL reduces GPU tensors only
     if par.schedule is not None and mesh.size("pp") > 1:
         dist.all_reduce(value, group=mesh["pp"])  # one stage holds it, the others add 0
     if mesh.size("dp") > 1:
