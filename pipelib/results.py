@@ -54,9 +54,12 @@ class Agreement:
     params: dict | None
     num_tensors: int
     max_abs_diff: float
+    num_losses: int = 0  # per-step losses checked (a training run)
 
     def __str__(self) -> str:
         what = f"{len(self.grads)} gradients" + (f" and {len(self.params)} parameters" if self.params else "")
+        if self.num_losses:
+            what = f"{self.num_losses} step losses, {what}"
         loss = "" if self.loss is None else f"loss {float(self.loss):.4f}, "
         return f"{loss}{what} equal the single process's (max |diff| {self.max_abs_diff:.1e})"
 
@@ -152,4 +155,5 @@ def check_against_reference(results: Sequence[StepResult | None], ref_loss=None,
     if ref_params is not None:
         worst = max(worst, _close(params, ref_params, "parameter", exact, rtol, atol))
         n += len(ref_params)
-    return Agreement(losses[0] if losses else None, grads, params, n, worst)
+    return Agreement(losses[0] if losses else None, grads, params, n, worst,
+                     len(ref_losses) if ref_losses is not None else 0)

@@ -18,7 +18,7 @@ import re
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from pipelib.comm.registry import collective_info
+from pipelib.comm.registry import REGISTRY
 from pipelib.trace import Kind, Trace
 from pipelib.viz.display import play_controls, time_unit
 
@@ -50,11 +50,13 @@ def message_steps(trace: Trace, name: str | None = None) -> list[dict]:
 
 def replay(rows: list[dict], name: str, n: int, root: int = 0) -> list[list[list[frozenset]]]:
     """States after each step: state[rank][slot] = the set of ranks whose data it holds. The grid
-    and where it starts are the collective's registry entry's (`CollectiveInfo.slots`, `start`)."""
-    info = collective_info(name)
-    slots = n if info.slots == "chunks" else 1
+    and where it starts are the collective's registry entry's (`CollectiveInfo.slots`, `start`);
+    a pattern that is not a collective (chapter 17's ring attention) is one whole tensor per
+    rank, starting from the rank's own data."""
+    info = REGISTRY.get(name)
+    slots = n if info is not None and info.slots == "chunks" else 1
     start = {"own": lambda r, s: {r}, "diagonal": lambda r, s: {r} if s == r else set(),
-             "root": lambda r, s: {root} if r == root else set()}[info.start]
+             "root": lambda r, s: {root} if r == root else set()}[info.start if info else "own"]
     state = [[frozenset(start(r, s)) for s in range(slots)] for r in range(n)]
     states = [state]
     for step in sorted({r["step"] for r in rows}):
