@@ -25,6 +25,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from pipelib.runtime.device import current
+
 _SIGNATURE = 3  # parameters, elements, checksum of (name, shape, dtype)
 
 
@@ -43,21 +45,21 @@ def _all_gather_ints(row: torch.Tensor, group, n: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _signature(params) -> torch.Tensor:
+def _signature(params, device) -> torch.Tensor:
     text = ";".join(f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in params)
     return torch.tensor([len(params), sum(p.numel() for _, p in params), zlib.crc32(text.encode())],
-                        dtype=torch.int64)
+                        dtype=torch.int64, device=device)
 
 
-def _flat_bytes(params) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """All parameters as one uint8 tensor (any dtypes), and each one's (offset, length)."""
+def _flat_bytes(params, device) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """All parameters as one uint8 tensor (any dtypes) on `device`, and each one's (offset, length)."""
     pieces, spans, off = [], [], 0
     for _, p in params:
-        b = p.detach().contiguous().view(-1).view(torch.uint8)
+        b = p.detach().to(device).contiguous().view(-1).view(torch.uint8)
         pieces.append(b)
         spans.append((off, b.numel()))
         off += b.numel()
-    return (torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)), spans
+    return (torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8, device=device)), spans
 
 
 def check_same_parameters(module: torch.nn.Module, group=None) -> int:
@@ -72,19 +74,20 @@ def check_same_parameters(module: torch.nn.Module, group=None) -> int:
     params = list(module.named_parameters())
     if n == 1:
         return sum(p.numel() for _, p in params)
-    sigs = _all_gather_ints(_signature(params), group, n)
+    device = current().torch_device  # where the backend's collectives run: the GPU under NCCL
+    sigs = _all_gather_ints(_signature(params, device), group, n)
     if not bool((sigs == sigs[0]).all()):
         rows = ", ".join(f"rank {g}: {int(s[0])} parameters, {int(s[1])} elements" for g, s in zip(glob, sigs))
         raise ValueError(f"check_same_parameters: the ranks' models differ in structure (parameter names, "
                          f"shapes or dtypes): {rows}. Build the same model (same config) on every rank "
                          f"of the group before wrapping it.")
-    flat, spans = _flat_bytes(params)
+    flat, spans = _flat_bytes(params, device)
     theirs = flat.clone()
     dist.broadcast(theirs, glob[0], group=group)
     first = len(params)
     if not torch.equal(theirs, flat):
         first = next(i for i, (o, k) in enumerate(spans) if not torch.equal(theirs[o:o + k], flat[o:o + k]))
-    firsts = _all_gather_ints(torch.tensor([first], dtype=torch.int64), group, n).view(-1)
+    firsts = _all_gather_ints(torch.tensor([first], dtype=torch.int64, device=device), group, n).view(-1)
     if bool((firsts < len(params)).any()):
         i = int(firsts.min())
         name, p = params[i]

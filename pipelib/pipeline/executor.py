@@ -137,7 +137,7 @@ class _Messages:
             key = (r.kind, r.from_stage, a.microbatch)
             buf = self.bufs.get(key)
             if buf is None:
-                buf = self.bufs[key] = torch.empty(shape, dtype=dtype)
+                buf = self.bufs[key] = torch.empty(shape, dtype=dtype, device=current().torch_device)
             self.posted[key] = comms.post_recv(
                 buf, self.peer[r.src], self.group, r.tag, r.label,
                 {"stage": r.from_stage, "microbatch": a.microbatch}, self.check)

@@ -27,12 +27,18 @@ def _encode(t: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"stage outputs must be tensors of at most {SPEC_LEN - 2} dims and dtype "
                          f"in {_DTYPES}, got {tuple(t.shape)} {t.dtype}")
     spec = [_DTYPES.index(t.dtype), t.dim(), *t.shape]
-    return torch.tensor(spec + [0] * (SPEC_LEN - len(spec)), dtype=torch.int64)
+    return torch.tensor(spec + [0] * (SPEC_LEN - len(spec)), dtype=torch.int64, device=current().torch_device)
 
 
 def _decode(spec: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
     code, ndim, *sizes = spec.tolist()
     return tuple(sizes[:ndim]), _DTYPES[code]
+
+
+def _device_of(module, default) -> torch.device:
+    """Where a stage's dry run happens: its parameters' device (a stage without any: `default`)."""
+    p = next(module.parameters(), None)
+    return default if p is None else p.device
 
 
 def exchange_shapes(s: Schedule, mine: dict, rank: int, group, first_input):
@@ -43,21 +49,23 @@ def exchange_shapes(s: Schedule, mine: dict, rank: int, group, first_input):
     zeros without autograd and tells stage s+1's rank. `mine` maps stage -> `Stage`.
     """
     out, in_spec, handles = {}, {}, []
+    comm_device = current().torch_device  # where the backend sends from: the GPU under NCCL
     for stage_id in sorted(mine):
+        device = _device_of(mine[stage_id].module, comm_device)
         prev = s.stage_to_rank[stage_id - 1] if stage_id > 0 else None
         if stage_id == 0:
             x = first_input
         elif prev == rank:
             shape, dtype = out[stage_id - 1]
-            x = torch.zeros(shape, dtype=dtype)
+            x = torch.zeros(shape, dtype=dtype, device=device)
         else:
-            spec = torch.empty(SPEC_LEN, dtype=torch.int64)
+            spec = torch.empty(SPEC_LEN, dtype=torch.int64, device=comm_device)
             src = prev if group is None else dist.get_global_rank(group, prev)
             with current().activity.doing(f"recv the shape of stage {stage_id - 1}'s output "
                                           f"from rank {src} (before the step)"):
                 dist.recv(spec, src, group=group, tag=SHAPE_TAG + stage_id)
             shape, dtype = _decode(spec)
-            x = torch.zeros(shape, dtype=dtype)
+            x = torch.zeros(shape, dtype=dtype, device=device)
         in_spec[stage_id] = (tuple(x.shape), x.dtype)
         if stage_id == s.num_stages - 1:
             continue
