@@ -24,9 +24,10 @@ PURE = [
     "pipelib",  # the root: `pipelib.Cluster` imports the cluster only when it is used
     "pipelib.checks", "pipelib.trace", "pipelib.costmodel", "pipelib.memory", "pipelib.results",
     "pipelib.scaling", "pipelib.topology",
+    "pipelib.comm.registry", "pipelib.comm.twins", "pipelib.tensor_parallel.styles", "pipelib.recompute.registry",
     "pipelib.pipeline.schedules", "pipelib.pipeline.schedules.registry", "pipelib.pipeline.simulate",
     "pipelib.comm.alphabeta", "pipelib.hardware.roofline", "pipelib.hardware.published",
-    "pipelib.recompute.formulas", "pipelib.context_parallel.costs",
+    "pipelib.recompute.formulas", "pipelib.context_parallel.costs", "pipelib.context_parallel.layouts",
     "pipelib.tensor_parallel.plan", "pipelib.tensor_parallel.formulas",
     "pipelib.data_parallel.zero_formulas", "pipelib.data_parallel.buckets", "pipelib.data_parallel.efficiency",
     "pipelib.viz", "pipelib.viz.timeline", "pipelib.viz.comm", "pipelib.viz.hardware", "pipelib.viz.display",
@@ -108,21 +109,12 @@ MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter",
 
 # Module state another change is removing (groups go to the mesh / Device.groups, caches to the
 # runner's objects). Empty this list as each one goes.
-PENDING_STATE = {
-    "pipelib/tensor_parallel/step.py:_TP_GROUPS",
-    "pipelib/data_parallel/runner.py:_GROUPS",
-    "pipelib/data_parallel/zero_runner.py:_GROUPS",
-    "pipelib/data_parallel/zero_runner.py:_CORPUS",
-    "pipelib/data_parallel/zero_bench.py:_BENCH",
-}
+PENDING_STATE: frozenset = frozenset()  # the group and cache dicts went to the mesh and the Device
 # Tables that are only read, but could be written by mistake: freeze each one
 # (types.MappingProxyType, a tuple, a frozenset) and take it off this list.
 READ_ONLY = {
     "pipelib/comm/collectives.py:_NO_FIELDS", "pipelib/comm/lab.py:DEFAULT_SIZES",
-    "pipelib/comm/message.py:DTYPE_CODE", "pipelib/context_parallel/ring.py:_FIELDS",
-    "pipelib/context_parallel/step.py:VARIANTS", "pipelib/costmodel.py:LINKS", "pipelib/costmodel.py:PROFILES",
-    "pipelib/data_parallel/versus.py:SIDES", "pipelib/pipeline/handwritten.py:HAND_WRITTEN",
-    "pipelib/parallelize.py:DATA_PARALLEL", "pipelib/recipe.py:OPTIMIZERS", "pipelib/recipe.py:DTYPES",
+    "pipelib/comm/message.py:DTYPE_CODE", "pipelib/context_parallel/ring.py:_FIELDS", "pipelib/costmodel.py:LINKS", "pipelib/costmodel.py:PROFILES", "pipelib/pipeline/handwritten.py:HAND_WRITTEN",
     "pipelib/pipeline/schedules/registry.py:REGISTRY", "pipelib/pipeline/schedules/registry.py:ALIASES",
     "pipelib/pipeline/schedules/registry.py:GENERATORS", "pipelib/pipeline/torch_twin.py:TORCH_SCHEDULES",
     "pipelib/recompute/against_torch.py:KEEP_OPS",
@@ -202,26 +194,7 @@ DEVICE_FIELDS = {"memory", "profile"}
 
 # Strategy code that still resets counters or swaps the device's tracker and profile; another
 # change moves this into Device (a measurement scope). Empty this list as each one goes.
-PENDING_DEVICE = {
-    "pipelib/context_parallel/step.py: assigns dev.memory",
-    "pipelib/context_parallel/step.py: calls fresh_memory()",
-    "pipelib/context_parallel/step.py: calls reset_counters()",
-    "pipelib/data_parallel/runner.py: assigns dev.profile",
-    "pipelib/data_parallel/zero.py: assigns self.dev.memory",
-    "pipelib/data_parallel/zero.py: calls fresh_memory()",
-    "pipelib/data_parallel/zero_runner.py: calls reset_counters()",
-    "pipelib/pipeline/gpt.py: assigns dev.memory",
-    "pipelib/pipeline/gpt.py: calls fresh_memory()",
-    "pipelib/pipeline/handwritten.py: assigns dev.memory",
-    "pipelib/pipeline/handwritten.py: calls fresh_memory()",
-    "pipelib/pipeline/step.py: assigns dev.memory",
-    "pipelib/pipeline/step.py: calls fresh_memory()",
-    "pipelib/recompute/pipeline.py: assigns dev.memory",
-    "pipelib/recompute/pipeline.py: assigns dev.memory.capacity",
-    "pipelib/recompute/pipeline.py: calls fresh_memory()",
-    "pipelib/tensor_parallel/step.py: assigns dev.memory",
-    "pipelib/tensor_parallel/step.py: calls fresh_memory()",
-}
+PENDING_DEVICE: frozenset = frozenset()  # every runner measures through Device.measure/overrides
 
 
 def _targets(node):

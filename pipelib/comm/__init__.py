@@ -9,6 +9,9 @@
   all-reduce, the tree gather and scatter, the barrier;
 - `ring`: the ring engine of the collectives, chunks cut into pipelined segment messages;
 - `agreement`: `check_same`, every rank agrees on the collective before it runs;
+- `registry`: pure (no torch): one `CollectiveInfo` per collective (implementation, built-in
+  twin, exact bytes, alpha-beta time): the only place a collective's name is looked up;
+- `twins`: each collective's torch.distributed built-in behind one call, the twin of the registry;
 - `alphabeta`: pure (no torch): the collectives' `NAMES`, exact bytes, alpha-beta times, the fit;
 - `lab`: measurements: ping-pong, ring shift, collectives timed, the reduction rate, and
   chapter 05's small experiments (overlap, deadlock).

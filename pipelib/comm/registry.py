@@ -147,7 +147,7 @@ def scatter_down(s: Sent) -> int:
 
 # ------------------------------------------------------------------ alpha-beta times (n > 1)
 @dataclass(frozen=True)
-class Link:
+class LinkCosts:
     """What a collective's time depends on: bytes, ranks, the link (and the node's, for the
     hierarchical all-reduce), gamma seconds per byte reduced (0: the textbook model)."""
 
@@ -168,18 +168,18 @@ class Link:
         return (self.n - 1) / self.n * self.nbytes
 
 
-def ring_time(k: Link) -> float:
+def ring_allreduce_time(k: LinkCosts) -> float:
     """Ring all-reduce: 2(N-1) alpha + 2(N-1)/N n / beta, plus (N-1)/N n gamma reduced."""
     return 2 * (k.n - 1) * k.alpha + 2 * k.share / k.beta + k.share * k.gamma
 
 
-def hierarchical_time(k: Link) -> float:
+def hierarchical_time(k: LinkCosts) -> float:
     """Trees inside the node (intra link), 2 ceil(log2 P) hops, and the leaders' ring."""
     p = ranks_per_node_of(k.n, k.ranks_per_node)
     a_i, b_i = k.intra or (k.alpha, k.beta)
     inside = 2 * tree_steps(p) * (a_i + k.nbytes / b_i) + tree_steps(p) * k.nbytes * k.gamma
     leaders = k.n // p
-    ring = 0.0 if leaders == 1 else ring_time(Link(k.nbytes, leaders, k.alpha, k.beta, k.gamma))
+    ring = 0.0 if leaders == 1 else ring_allreduce_time(LinkCosts(k.nbytes, leaders, k.alpha, k.beta, k.gamma))
     return inside + ring
 
 
@@ -191,7 +191,7 @@ class CollectiveInfo:
     name: str
     module: str                              # "collectives" or "algorithms": where it is written
     bytes_sent: Callable[[Sent], int]        # exact bytes one rank sends, n > 1
-    time: Callable[[Link], float]            # alpha-beta(-gamma) time, n > 1
+    time: Callable[[LinkCosts], float]            # alpha-beta(-gamma) time, n > 1
     twin: Callable                           # (tensor, group=None, *, root=0, op="sum") -> result
     root_arg: str | None = None              # keyword of its root ("src", "dst"), if it has one
     reduces: bool = False                    # takes op= (sum, avg, max, min)
@@ -236,7 +236,7 @@ class CollectiveInfo:
     def predicted_time(self, nbytes: int, n: int, alpha: float, beta: float, gamma: float = 0.0, *,
                        ranks_per_node: int | None = None, intra: tuple[float, float] | None = None) -> float:
         """Alpha-beta time on n ranks (`pipelib.comm.alphabeta.predicted_time`)."""
-        return 0.0 if n == 1 else self.time(Link(nbytes, n, alpha, beta, gamma, ranks_per_node, intra))
+        return 0.0 if n == 1 else self.time(LinkCosts(nbytes, n, alpha, beta, gamma, ranks_per_node, intra))
 
 
 def _ring_factor(n: int) -> float:  # bus bandwidth: (N-1)/N of the tensor crosses each link
@@ -249,37 +249,37 @@ def _twice(n: int) -> float:  # an all-reduce: 2 (N-1)/N
 
 REGISTRY: MappingProxyType[str, CollectiveInfo] = MappingProxyType({info.name: info for info in (
     CollectiveInfo("broadcast", "collectives", tree_down, lambda k: tree_steps(k.n) * k.hop,
-                   twins.broadcast, root_arg="src", start="root"),
+                   twins.torch_broadcast, root_arg="src", start="root"),
     CollectiveInfo("reduce", "collectives", lambda s: 0 if s.rank == s.root else s.nbytes,  # n once
                    lambda k: tree_steps(k.n) * (k.hop + k.nbytes * k.gamma),
-                   twins.reduce, root_arg="dst", reduces=True, result_on_root=True),
+                   twins.torch_reduce, root_arg="dst", reduces=True, result_on_root=True),
     CollectiveInfo("all_reduce_naive", "collectives", whole_each_step,
-                   lambda k: (k.n - 1) * (k.hop + k.nbytes * k.gamma), twins.all_reduce, reduces=True,
+                   lambda k: (k.n - 1) * (k.hop + k.nbytes * k.gamma), twins.torch_all_reduce, reduces=True,
                    bus_factor=_twice),
-    CollectiveInfo("all_reduce", "collectives", ring_twice, ring_time, twins.all_reduce, reduces=True,
+    CollectiveInfo("all_reduce", "collectives", ring_twice, ring_allreduce_time, twins.torch_all_reduce, reduces=True,
                    bus_factor=_twice, slots="chunks"),
     CollectiveInfo("reduce_scatter", "collectives", all_rows_but_mine, lambda k: (k.n - 1) * k.alpha
-                   + k.share / k.beta + k.share * k.gamma, twins.reduce_scatter, reduces=True,
+                   + k.share / k.beta + k.share * k.gamma, twins.torch_reduce_scatter, reduces=True,
                    bus_factor=_ring_factor, slots="chunks", twin_even=True),
     CollectiveInfo("all_gather", "collectives", whole_each_step, lambda k: (k.n - 1) * k.hop,
-                   twins.all_gather, bus_factor=_ring_factor, slots="chunks", start="diagonal"),
+                   twins.torch_all_gather, bus_factor=_ring_factor, slots="chunks", start="diagonal"),
     CollectiveInfo("all_to_all", "collectives", all_rows_but_mine,
-                   lambda k: (k.n - 1) * k.alpha + k.share / k.beta, twins.all_to_all,
+                   lambda k: (k.n - 1) * k.alpha + k.share / k.beta, twins.torch_all_to_all,
                    bus_factor=_ring_factor, slots="chunks"),
     CollectiveInfo("all_reduce_halving_doubling", "algorithms", halving_doubling,
                    lambda k: 2 * tree_steps(k.n) * k.alpha + 2 * k.share / k.beta + k.share * k.gamma,
-                   twins.all_reduce, reduces=True, bus_factor=_twice),
+                   twins.torch_all_reduce, reduces=True, bus_factor=_twice),
     CollectiveInfo("all_reduce_hierarchical", "algorithms", hierarchical, hierarchical_time,
-                   twins.all_reduce, reduces=True, bus_factor=_twice),
+                   twins.torch_all_reduce, reduces=True, bus_factor=_twice),
     CollectiveInfo("gather_tree", "algorithms", gather_up,
                    lambda k: tree_steps(k.n) * k.alpha + (k.n - 1) * k.nbytes / k.beta,
-                   twins.gather, root_arg="dst", bus_factor=_ring_factor, result_on_root=True),
+                   twins.torch_gather, root_arg="dst", bus_factor=_ring_factor, result_on_root=True),
     CollectiveInfo("scatter_tree", "algorithms", scatter_down,
                    lambda k: tree_steps(k.n) * k.alpha + (k.n - 1) * k.nbytes / k.beta,
-                   twins.scatter, root_arg="src", bus_factor=_ring_factor, call=twins.call_scatter,
+                   twins.torch_scatter, root_arg="src", bus_factor=_ring_factor, call=twins.call_scatter,
                    twin_even=True, run_shape=twins.scatter_block),
     CollectiveInfo("barrier", "algorithms", lambda s: tree_steps(s.n),  # a 1-byte token a round
-                   lambda k: tree_steps(k.n) * (k.alpha + 1 / k.beta), twins.barrier, call=twins.call_barrier),
+                   lambda k: tree_steps(k.n) * (k.alpha + 1 / k.beta), twins.torch_barrier, call=twins.call_barrier),
 )})
 
 NAMES: tuple[str, ...] = tuple(REGISTRY)  # in this order: the agreement check codes a name by its index

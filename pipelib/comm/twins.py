@@ -32,26 +32,26 @@ def _average(x, group, op: str):
     return x.div_(_dist().get_world_size(group)) if op == "avg" else x
 
 
-def broadcast(x, group=None, *, root: int = 0, op: str = "sum"):
+def torch_broadcast(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.broadcast` from group rank `root`, in place."""
     _dist().broadcast(x, _global(group, root), group=group)
     return x
 
 
-def reduce(x, group=None, *, root: int = 0, op: str = "sum"):
+def torch_reduce(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.reduce` to group rank `root`, in place (other ranks' buffers: unspecified)."""
     dist = _dist()
     dist.reduce(x, _global(group, root), op=_op(op), group=group)
     return _average(x, group, op) if dist.get_rank(group) == root else x
 
 
-def all_reduce(x, group=None, *, root: int = 0, op: str = "sum"):
+def torch_all_reduce(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.all_reduce`, in place: the twin of every all-reduce algorithm."""
     _dist().all_reduce(x, op=_op(op), group=group)
     return _average(x, group, op)
 
 
-def reduce_scatter(x, group=None, *, root: int = 0, op: str = "sum"):
+def torch_reduce_scatter(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.reduce_scatter_tensor`: chunk r of the reduction, dim 0. gloo's needs dim 0
     divisible by n; other sizes get the same result from `dist.all_reduce`, then chunk r."""
     import torch
@@ -67,7 +67,7 @@ def reduce_scatter(x, group=None, *, root: int = 0, op: str = "sum"):
     return _average(out, group, op)
 
 
-def all_gather(x, group=None, *, root: int = 0, op: str = "sum"):
+def torch_all_gather(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.all_gather_into_tensor`: every rank's x along dim 0, in rank order."""
     import torch
 
@@ -78,7 +78,7 @@ def all_gather(x, group=None, *, root: int = 0, op: str = "sum"):
     return out
 
 
-def all_to_all(x, group=None, *, root: int = 0, op: str = "sum"):
+def torch_all_to_all(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.all_to_all_single` with tensor_split's chunk sizes: chunk j to rank j, at slot r."""
     import torch
 
@@ -93,7 +93,7 @@ def all_to_all(x, group=None, *, root: int = 0, op: str = "sum"):
     return out
 
 
-def gather(x, group=None, *, root: int = 0, op: str = "sum"):
+def torch_gather(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.gather` to group rank `root`: every rank's x along dim 0 there, None elsewhere."""
     import torch
 
@@ -105,7 +105,7 @@ def gather(x, group=None, *, root: int = 0, op: str = "sum"):
     return torch.cat(parts) if mine else None
 
 
-def _blocks(x, group):
+def _block_sizes(x, group):
     """Group rank `root`'s x cut in n equal blocks along dim 0 (scatter's list), this rank's
     output buffer."""
     import torch
@@ -119,9 +119,9 @@ def _blocks(x, group):
     return blocks, torch.empty_like(blocks[0])
 
 
-def scatter(x, group=None, *, root: int = 0, op: str = "sum"):
+def torch_scatter(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.scatter` from group rank `root`: rank r gets block r of the root's x (dim 0)."""
-    blocks, out = _blocks(x, group)
+    blocks, out = _block_sizes(x, group)
     mine = _dist().get_rank(group) == root
     _dist().scatter(out, [b.contiguous() for b in blocks] if mine else None, src=_global(group, root),
                     group=group)
@@ -130,7 +130,7 @@ def scatter(x, group=None, *, root: int = 0, op: str = "sum"):
 
 def call_scatter(fn, x, group, root, op, kw):
     """How `CollectiveInfo.run` calls `scatter_tree`: the root's x cut as `scatter`'s twin cuts it."""
-    blocks, out = _blocks(x, group)
+    blocks, out = _block_sizes(x, group)
     mine = _dist().get_rank(group) == root
     return fn(out, blocks if mine else None, src=root, group=group, **kw)
 
@@ -140,7 +140,7 @@ def scatter_block(shape: tuple, n: int) -> tuple:
     return (shape[0] // n, *shape[1:])
 
 
-def barrier(x=None, group=None, *, root: int = 0, op: str = "sum"):
+def torch_barrier(x=None, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.barrier`; x is ignored."""
     _dist().barrier(group=group)
 

@@ -8,6 +8,7 @@
   the step; a second virtual clock on a simulated device) and `BackwardTimer` (backward in laps);
 - `ddp`: DDP from first principles in four steps: `AllReduceGrads`, `BucketedGrads`,
   `OverlappedGrads`, `DDP` (no_sync and its misuse);
+- `steps`: the registry of DDP steps (`DDP_STEPS`), torch's DDP behind the same four calls;
 - `runner`: `run_ddp` (train k steps with any step, or torch's DistributedDataParallel, on a
   group of a cluster, arguments checked first), `reference_step` (one process, whole batch);
 - `versus`: `run_versus`: the steps and torch's DDP built once, timed step by step in turn
@@ -19,6 +20,7 @@
 - `zero`: `ZeRO`, stages 0-3 around a real Adam: optimizer state, then gradients (by
   reduce-scatter), then parameters (gathered per layer before use, freed after) sharded;
 - `zero_units`: `FlatUnit`, the flat, padded, sharded buffer of one layer's parameters;
+- `zero_shards`, `zero_memory`: ZeRO's shards of the optimizer and gradients, and its bytes;
 - `zero_formulas`: pure (no torch): ZeRO's bytes per rank and bytes sent, the paper's table;
 - `zero_runner`: `train_zero`, k steps of a stage on a cluster group beside one process's Adam;
 - `mixed_precision`: `MasterWeightAdam`, bf16 parameters and gradients with fp32 master weights;

@@ -3,6 +3,7 @@
 - `policies`: `apply_recompute(model, policy, k)` (none, full, every_k, selective) and the one
   autograd.Function under them, `RerunForward`: keep a piece's inputs, rerun it in backward
   under the forward's random state and saved-tensor hooks; the plans (`segment_plan`, `chen_k`);
+- `registry`: pure: one entry per policy (its k, apply, formula and torch's twin);
 - `formulas`: pure (no torch): what each policy keeps, its peak saved-activation bytes and its
   extra FLOPs (`predict_policy`), Korthikanti et al.'s selective headline at GPT-3 scale;
 - `measure`: one step under a policy, measured: bytes kept and at their peak (the memory

@@ -11,6 +11,8 @@
 - `clocks`: the virtual clock (modelled, deterministic) and the wall clock;
 - `memtrack`: `MemoryTracker`, bytes by category and saved activations, against a capacity;
 - `beacon`: `Activity`, what a rank is doing, readable while it is stuck;
+- `span`: `Device.measure()` and `Device.overrides()`: scoped, nestable measurement (a `Span`);
+- `alternate`: `alternate_steps`, the one A/B timing loop (sides in turn, the slowest rank's time);
 - `mesh`: `Mesh`, the process groups of a `Topology`, made once per engine (the only
   `new_group` caller); strategies take one of its groups as an argument.
 

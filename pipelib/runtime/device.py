@@ -128,19 +128,19 @@ class Device:
 
     def measure(self, *, fresh_memory: bool = False):
         """Measure what this rank does inside the block: a `Span` filled in on exit (a context
-        manager). The one owner of measurement (`pipelib.runtime.span.measure`): clock span,
+        manager). The one owner of measurement (`pipelib.runtime.span.measure_scope`): clock span,
         bytes and messages sent, peak memory; scopes nest; `fresh_memory=True` counts the block
         on an empty tracker (a new model) and gives the device's own back afterwards."""
-        from pipelib.runtime.span import measure
+        from pipelib.runtime.span import measure_scope
 
-        return measure(self, fresh_memory)
+        return measure_scope(self, fresh_memory)
 
     def overrides(self, *, profile=None, capacity: int | None = None):
         """Another profile and/or memory capacity inside the block, the device's own afterwards
-        (a context manager: `pipelib.runtime.span.overrides`)."""
-        from pipelib.runtime.span import overrides
+        (a context manager: `pipelib.runtime.span.override_scope`)."""
+        from pipelib.runtime.span import override_scope
 
-        return overrides(self, profile, capacity)
+        return override_scope(self, profile, capacity)
 
     def reset(self) -> None:
         """Start a new measurement: clock to 0 (virtual) and an empty trace."""

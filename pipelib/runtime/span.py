@@ -46,7 +46,7 @@ class Span:
 
 
 @contextlib.contextmanager
-def measure(dev, fresh_memory: bool = False):
+def measure_scope(dev, fresh_memory: bool = False):
     """Measure what this rank does inside the block: a `Span` filled in on exit.
 
     The one owner of measurement (DESIGN.md section 7): the clock span, the bytes and
@@ -80,7 +80,7 @@ def measure(dev, fresh_memory: bool = False):
 
 
 @contextlib.contextmanager
-def overrides(dev, profile=None, capacity: int | None = None):
+def override_scope(dev, profile=None, capacity: int | None = None):
     """Use another device profile (a name or `DeviceProfile`) and/or memory capacity inside
     the block, and the device's own again afterwards, whatever happens (chapter 07's
     what-if links; chapter 14's small device that runs out of memory)."""

@@ -8,6 +8,8 @@ outside to the unaware model (chapter 09).
   the heads split;
 - `vocab`: the vocabulary-parallel embedding, the tied head, the cross-entropy that never
   gathers the logits, and the position shard of sequence parallelism;
+- `styles`: pure: one `ParallelStyle` object per style (`ColwiseParallel`, `RowwiseParallel`,
+  ...), each with its own `validate` and `apply`, registered by name (`STYLES`);
 - `plan`: pure: plans as printable dicts (`gpt_tp_plan`, torchtitan style), `validate_plan` and its
   errors (unknown module, sizes not divisible by t) raised before any engine works;
 - `apply`: `apply_tensor_parallel(model, group, plan)`, the sequence-parallel gradient sum, the

@@ -90,7 +90,7 @@ def test_the_name_check_catches_comparisons_and_maps_but_not_lookups():
 # Files another change owns, still comparing or mapping a collective's name: the DDP steps (whose
 # step "all_reduce" shares a collective's name) get their own registry; chapter 09's colours per
 # collective. Empty this set as each one goes.
-PENDING = {"pipelib/data_parallel/versus.py", "pipelib/viz/tensor_parallel.py"}
+PENDING = {"pipelib/viz/tensor_parallel.py"}
 
 
 def test_no_collective_name_is_compared_outside_the_registry():
