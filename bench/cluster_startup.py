@@ -1,13 +1,14 @@
 """Start-up time of pipelib's lean cluster against ipyparallel's default cluster, side by side.
 
 Both end with torch.distributed initialised on every engine (the reference initialises it by
-hand), alternating A/B runs so a loaded machine slows both. Prints the ratio of medians and
-writes JSON to bench/results/cluster_startup.json.
+hand), alternating A/B runs so a loaded machine slows both. Prints the ratio of medians, the
+median time at which each of pipelib's start-up phases ended (`Cluster.startup_phases`: where a
+slower start-up spends its time) and the machine's load, and writes JSON to
+bench/results/cluster_startup.json.
 
     .venv/bin/python bench/cluster_startup.py --world-size 4 --repeats 3
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -15,6 +16,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _results import load, write  # noqa: E402  (bench/, the script's own folder)
 
 
 def pipelib_cluster(n):
@@ -23,8 +25,9 @@ def pipelib_cluster(n):
     t0 = time.perf_counter()
     c = Cluster(n)
     dt = time.perf_counter() - t0
+    phases = dict(c.startup_phases)
     c.stop()
-    return dt
+    return dt, phases
 
 
 def _init(rank, n, port):
@@ -61,22 +64,28 @@ def main():
     ap.add_argument("--world-size", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    ours, ref = [], []
+    ours, ref, phases = [], [], []
+    load_before = load()
     for _ in range(args.repeats):
-        ours.append(pipelib_cluster(args.world_size))
+        dt, ph = pipelib_cluster(args.world_size)
+        ours.append(dt)
+        phases.append(ph)
         ref.append(reference_cluster(args.world_size))
+    phase_medians = {name: statistics.median(p[name] for p in phases) for name in phases[0]}
     result = {
         "benchmark": "cluster_startup", "world_size": args.world_size, "repeats": args.repeats,
         "pipelib_s": ours, "ipyparallel_default_s": ref,
         "pipelib_median_s": statistics.median(ours), "reference_median_s": statistics.median(ref),
         "ratio": statistics.median(ours) / statistics.median(ref), "cpu_count": os.cpu_count(),
+        "pipelib_phases_median_s": phase_medians, "pipelib_phases_s": phases,
+        "load_before": load_before, "load_after": load(),
     }
-    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    path = os.path.join(os.path.dirname(__file__), "results", "cluster_startup.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+    path = write("cluster_startup", result)
+    print("pipelib's start-up, median end of each phase: "
+          + ", ".join(f"{name} {t:.2f} s" for name, t in phase_medians.items()))
     print(f"world_size={args.world_size}: pipelib {result['pipelib_median_s']:.2f} s, ipyparallel default "
-          f"{result['reference_median_s']:.2f} s, ratio {result['ratio']:.2f} -> {path}")
+          f"{result['reference_median_s']:.2f} s, ratio {result['ratio']:.2f} "
+          f"(load {load_before} -> {result['load_after']}) -> {path}")
 
 
 if __name__ == "__main__":

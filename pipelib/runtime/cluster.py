@@ -6,7 +6,7 @@
 Design (DESIGN.md section 3):
 
 - lean: a threaded controller and engines without nannies, a private profile directory per
-  cluster (two clusters never see each other), everything bound to 127.0.0.1;
+  cluster (two clusters never see each other), everything bound to 127.0.0.1, a fast heartbeat;
 - one thread per engine (OMP/MKL/torch), so 4-8 engines share 2 cores sanely;
 - `torch.distributed` initialised on every engine (`pipelib.runtime.engine`): gloo for ``sim``
   and ``cpu``, NCCL for ``cuda`` (one GPU per rank);
@@ -40,6 +40,14 @@ from pipelib.runtime.errors import (ClusterError, RankDiedError, RankError, Rank
 from pipelib.runtime.registry import LiveClusters
 from pipelib.trace import Trace
 
+# An engine counts as registered at the controller's heartbeat after the one its heart first
+# answered: ipyparallel's default beat (3000 ms) adds 3-6 s, in whole beats (engines up 0.2 s
+# later can cost 3 s more). Every 250 ms costs an idle 4-engine cluster ~0.5% of one core
+# (measured 0.9% -> 1.1-1.5%); the misses allowed grow so that a peer is given up on as late as
+# before: 10 x 3 s = 30 s at the hub, 50 x (3 + 0.5) s = 175 s on an engine (checks every beat + 0.5 s).
+HEARTBEAT_MS = 250
+HUB_MISSES, ENGINE_MISSES = 30_000 // HEARTBEAT_MS, 175_000 // (HEARTBEAT_MS + 500)
+
 
 class Cluster:
     """A live cluster of `world_size` engines, one per (simulated or real) GPU.
@@ -63,6 +71,7 @@ class Cluster:
         self._broken: str | None = None
         self.info: list[dict] = []
         self.startup_seconds: float | None = None
+        self.startup_phases: dict[str, float] = {}  # seconds from the start to each phase's end
         self.progress = progress  # None: show start-up phases in a notebook only
         if start:
             self.start()
@@ -104,20 +113,22 @@ class Cluster:
                "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
         cfg = Config()
         cfg.LocalEngineSetLauncher.engine_args = [
-            "--IPEngine.enable_nanny=False",
-            f"--IPEngine.startup_command=import torch, torch.distributed, {engine.__name__}",
-        ]
-        cfg.LocalEngineSetLauncher.environment = env
-        cfg.LocalControllerLauncher.environment = env
+            "--IPEngine.enable_nanny=False", f"--IPEngine.max_heartbeat_misses={ENGINE_MISSES}",
+            f"--IPEngine.startup_command=import torch, torch.distributed, {engine.__name__}"]
+        cfg.LocalEngineSetLauncher.environment = cfg.LocalControllerLauncher.environment = env
         self._ipp = ipp.Cluster(
             n=self.world_size, profile_dir=os.path.join(self._rundir, "profile"), delay=0,
-            controller_args=["--usethreads", "--ip=127.0.0.1"], config=cfg,
-            log_level=logging.ERROR, load_profile=False, shutdown_atexit=False,
+            controller_args=["--usethreads", "--ip=127.0.0.1", f"--HeartMonitor.period={HEARTBEAT_MS}",
+                             f"--HeartMonitor.max_heartmonitor_misses={HUB_MISSES}"],
+            config=cfg, log_level=logging.ERROR, load_profile=False, shutdown_atexit=False,
         )
+        phases = self.startup_phases = {}
         try:
-            self._ipp.start_cluster_sync()
+            self._ipp.start_cluster_sync()  # returns once the controller wrote its connection files
+            phases["controller up, engines launched"] = time.perf_counter() - t0
             self.client = self._ipp.connect_client_sync()
             self.client.wait_for_engines(self.world_size, timeout=self.start_timeout, interactive=False)
+            phases["engines registered (torch imported)"] = time.perf_counter() - t0
             self._eids = sorted(self.client.ids)[: self.world_size]
             self.view = self.client[self._eids]
             self.view.block = True
@@ -127,7 +138,7 @@ class Cluster:
             self.stop()
             raise
         self.live.add(self)
-        self.startup_seconds = time.perf_counter() - t0
+        self.startup_seconds = phases["ranks ready"] = time.perf_counter() - t0
         say(f"ready: ranks 0..{self.world_size - 1} (%%px runs a cell on every rank)")
         self._activate_px()
         return self

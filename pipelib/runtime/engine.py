@@ -54,8 +54,8 @@ def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, pa
     threading.Thread(target=watch_parent, daemon=True, name="pipelib-parent-watch").start()
     backend = "nccl" if spec.kind == "cuda" else "gloo"
     with dev.activity.doing(f"init_process_group({backend})"):
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=_loopback_store(rank, world_size, port, timeout),
+                                rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
     # torch's import leaves ~200k objects for every full collection to scan again (10-17 ms,
     # measured, on one rank in the middle of a pipeline step, where the others wait for it):
     # move them out of the collector's sight, as long-running services do (gc.freeze)
@@ -65,6 +65,30 @@ def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, pa
         threading.Thread(target=_warm_flop_counter, daemon=True, name="pipelib-warm").start()
     return {"pid": os.getpid(), "host": socket.gethostname(), "backend": backend,
             "threads": torch.get_num_threads(), "device": str(dev.torch_device)}
+
+
+def _loopback_store(rank, world_size, port, timeout):
+    """torch.distributed's rendezvous store on 127.0.0.1:port, hosted by rank 0.
+
+    Given a tcp:// address, torch's store server listens on every interface ('::'), whatever
+    the address says; handed a socket already bound to loopback, it listens there only."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    wait = timedelta(seconds=timeout)
+    if rank != 0:
+        return dist.TCPStore("127.0.0.1", port, world_size, False, wait)
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore("127.0.0.1", port, world_size, True, wait, multi_tenant=True,
+                         master_listen_fd=sock.detach())
 
 
 def _warm_flop_counter():
