@@ -23,6 +23,17 @@ def cluster4():
     c.stop()
 
 
+@pytest.fixture(scope="session")
+def cpu2():
+    """Two real CPU engines (wall clock) shared by the tests that need real processes: the
+    overlapped DDP step's real lanes, the ping-pong between two engines. Started on first use."""
+    from pipelib.runtime.cluster import Cluster
+
+    c = Cluster(2, device="cpu", timeout=60)
+    yield c
+    c.stop()
+
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
@@ -61,6 +72,30 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--durations-file", default=None, metavar="PATH",
+                     help="write every test's setup, call and teardown time to PATH, slowest first "
+                          "(what --durations=0 prints), whatever --durations shows on screen")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """`--durations-file`: every phase of every test that ran, kept (`make test` keeps it in
+    _build/test-results/ beside the JUnit XML, for CI), while the screen shows the slowest few."""
+    path = config.getoption("durations_file")
+    if not path:
+        return
+    reports = [r for rs in terminalreporter.stats.values() for r in rs
+               if getattr(r, "when", None) and hasattr(r, "duration")]
+    reports.sort(key=lambda r: r.duration, reverse=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"# {len(reports)} phases, {sum(r.duration for r in reports):.1f} s in all "
+                f"(pytest exit status {int(exitstatus)})\n")
+        for r in reports:
+            f.write(f"{r.duration:9.2f}s {r.when:<8} {r.nodeid}\n")
+    terminalreporter.write_line(f"every test's durations: {os.path.abspath(path)}")
 
 
 def pytest_sessionfinish(session, exitstatus):

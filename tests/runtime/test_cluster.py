@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from leftovers import cluster_processes
+from sleeps import best_of
 from pipelib.runtime.cluster import Cluster
 from pipelib.runtime.errors import RankDiedError, RankError, RankTimeoutError
 from pipelib.runtime.memtrack import SimulatedOutOfMemoryError
@@ -89,6 +90,26 @@ def test_stalled_rank_times_out_naming_rank_and_activity(cluster4):
         cluster4.run(_stall, 1, 600, timeout=1.5)
     assert err.value.ranks == [1] and time.monotonic() - t0 < 6
     assert cluster4.run(_stall, -1, 0) == [0, 1, 2, 3]  # interrupted, usable again
+
+
+def test_every_socket_of_the_cluster_is_on_loopback(cluster4):
+    """Controller and engines, the rendezvous store and gloo included: nothing is reachable from
+    another host (torch's store listens on every interface unless handed a loopback socket)."""
+    from pipelib.runtime.watchdog import tagged_processes
+
+    cluster4.run(_allreduce_rank)  # gloo's connections made
+    sockets = [(p.pid, c.laddr) for p in tagged_processes(cluster4.tag)
+               for c in p.net_connections(kind="inet") if c.laddr]
+    assert len(sockets) >= 8 and {pid for pid, _ in sockets} >= set(cluster4.pids)
+    assert [(pid, a) for pid, a in sockets if not _loopback(a.ip)] == []
+
+
+def _loopback(ip: str) -> bool:
+    import ipaddress
+
+    address = ipaddress.ip_address(ip)
+    return getattr(address, "ipv4_mapped", None) is not None and address.ipv4_mapped.is_loopback \
+        or address.is_loopback
 
 
 def _traced_step():
@@ -206,11 +227,16 @@ def _wall_padded():
 def test_wall_clock_op_lasts_its_modelled_time_and_two_clusters_coexist(cluster4):
     with Cluster(2, clock="wall", timeout=10) as c:
         assert c.tag != cluster4.tag
-        t0 = time.perf_counter()
-        durations = c.run(_wall_padded)
-        real = time.perf_counter() - t0
-        assert all(abs(d - 0.25) / 0.25 < 0.05 for d in durations), durations
-        assert real >= 0.25
+
+        def padded():
+            t0 = time.perf_counter()
+            durations = c.run(_wall_padded)
+            assert time.perf_counter() - t0 >= 0.25  # the notebook waited for the sleep
+            return durations
+
+        # never shorter than modelled, on every try; at most 5% longer on the best of a few tries
+        # (a busy machine wakes a sleeper late by chance, never early: tests/runtime/sleeps.py)
+        best_of(padded, at_least=0.25, at_most=0.25 * 1.05)
         assert cluster4.run(_raise_on, -1) == [0, 1, 2, 3]  # the other cluster is untouched
 
 

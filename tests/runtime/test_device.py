@@ -3,6 +3,7 @@ import time
 
 import pytest
 import torch
+from sleeps import best_of
 
 from pipelib.costmodel import PROFILES, get_profile
 from pipelib.runtime.beacon import Activity
@@ -35,13 +36,17 @@ def test_virtual_compute_takes_roofline_time_of_counted_flops():
 
 
 def test_wall_clock_sleeps_to_the_modelled_deadline():
-    dev = Device(spec=DeviceSpec("sim", "toy-gpu", "wall"))
-    t0 = time.perf_counter()
-    with dev.compute("padded", duration=0.2):
-        pass
-    real = time.perf_counter() - t0
-    (e,) = dev.tracer.events
-    assert abs(e.duration - 0.2) < 0.01 and abs(real - 0.2) < 0.01
+    def padded():
+        dev = Device(spec=DeviceSpec("sim", "toy-gpu", "wall"))
+        t0 = time.perf_counter()
+        with dev.compute("padded", duration=0.2):
+            pass
+        real = time.perf_counter() - t0
+        (e,) = dev.tracer.events
+        return [e.duration, real]
+
+    # never before the deadline (every try), within 10 ms after it (the best of a few tries)
+    best_of(padded, at_least=0.2, at_most=0.2 + 0.01)
 
 
 def test_simulated_out_of_memory_names_rank_need_and_capacity():
