@@ -20,6 +20,8 @@ Introduced in chapter 04; the alpha-beta model is fitted to measurements in chap
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from dataclasses import dataclass, replace
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -72,7 +74,7 @@ class DeviceProfile:
         return replace(self, memory=int(nbytes))
 
 
-LINKS = {
+LINKS = MappingProxyType({
     # NVLink 4 (H100 SXM): 900 GB/s both directions over 18 links -> 450 GB/s one way.
     "nvlink4": Link("nvlink4", alpha=2e-6, beta=450e9),
     # NVLink 3 (A100 SXM): 600 GB/s both directions -> 300 GB/s one way.
@@ -86,9 +88,9 @@ LINKS = {
     # The toy GPU's link: round numbers, 50 us latency; not an H100's compute : link ratio
     # (10 FLOP/B here, about 2,200 over NVLink 4): see the module's docstring.
     "toy-link": Link("toy-link", alpha=50e-6, beta=1e9),
-}
+})
 
-PROFILES = {
+PROFILES = MappingProxyType({
     "toy-gpu": DeviceProfile(
         "toy-gpu", flops=10e9, mem_bandwidth=10e9, memory=256 * MiB, link=LINKS["toy-link"],
         source="pipelib's teaching device: 10 GFLOP/s, 10 GB/s, 256 MiB, 1 GB/s link",
@@ -105,7 +107,7 @@ PROFILES = {
         "h100-pcie-cluster", flops=756e12, mem_bandwidth=2.0e12, memory=80 * GiB, link=LINKS["ib-ndr"],
         source="NVIDIA H100 PCIe datasheet (756 TFLOP/s BF16, 2.0 TB/s) across NDR InfiniBand",
     ),
-}
+})
 
 DEFAULT_PROFILE = "toy-gpu"
 

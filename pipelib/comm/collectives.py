@@ -34,6 +34,8 @@ Introduced in chapter 06.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 import torch.distributed as dist
 
@@ -45,7 +47,7 @@ from pipelib.comm.ring import num_segments, reduce_into, run_ring, segments
 from pipelib.runtime.device import current
 from pipelib.trace import Kind
 
-_NO_FIELDS = {"stage": None, "microbatch": None}
+_NO_FIELDS = MappingProxyType({"stage": None, "microbatch": None})
 
 
 def _op_name(op) -> str:

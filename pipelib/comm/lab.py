@@ -33,7 +33,7 @@ from pipelib.checks import check_int
 from pipelib.comm.alphabeta import check_name  # noqa: F401 (the one name check, also here)
 from pipelib.comm.registry import collective_info
 
-DEFAULT_SIZES = [2**k for k in range(0, 25, 2)]  # 1 B .. 16 MiB (CI-sized; the book goes to 64 MiB)
+DEFAULT_SIZES = tuple(2**k for k in range(0, 25, 2))  # 1 B .. 16 MiB (CI-sized; the book goes to 64 MiB)
 
 
 def _check_repeats(repeats, warmup, what: str) -> None:

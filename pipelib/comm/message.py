@@ -23,6 +23,8 @@ about these messages.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import functools
 
 import torch
@@ -35,7 +37,7 @@ HEADER_DTYPE = torch.float64
 HEADER_LEN = 3  # sender's clock at posting, numel, dtype code
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
           torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
-DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+DTYPE_CODE = MappingProxyType({d: i for i, d in enumerate(DTYPES)})
 
 
 class MessageMismatchError(ValueError):

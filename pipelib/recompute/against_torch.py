@@ -37,8 +37,8 @@ from pipelib.recompute.measure import step_tokens
 from pipelib.recompute.registry import policy_info
 
 _aten = torch.ops.aten
-KEEP_OPS = {_aten.mm.default, _aten.addmm.default, _aten.native_layer_norm.default,
-            _aten.gelu.default, _aten.add.Tensor}
+KEEP_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.native_layer_norm.default,
+            _aten.gelu.default, _aten.add.Tensor})
 
 
 def _sac_policy(ctx, op, *args, **kwargs):

@@ -23,8 +23,8 @@ from pipelib.trace import Kind, Trace
 from pipelib.viz.display import play_controls, time_unit
 
 _LABEL = re.compile(r"^(?P<name>\S+) (?P<phase>\S+) step (?P<step>\d+) chunk (?P<chunk>\d+)$")
-REDUCING = {"reduce-scatter", "reduce"}
-COPYING = {"all-gather", "broadcast"}
+REDUCING = frozenset({"reduce-scatter", "reduce"})
+COPYING = frozenset({"all-gather", "broadcast"})
 
 
 def parse_label(label: str) -> dict | None:

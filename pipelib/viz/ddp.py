@@ -9,6 +9,8 @@ Pure: plotly only, no torch.distributed, no runtime. Introduced in chapter 07.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import math
 
 import plotly.graph_objects as go
@@ -17,10 +19,10 @@ from pipelib.trace import Kind, Trace
 from pipelib.viz.display import time_unit
 from pipelib.viz.timeline import timeline_figure
 
-COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2"]
-MODEL_COLORS = ["#222222", "#7f7f7f"]
-BASE = dict(template="plotly_white", margin=dict(l=10, r=10, t=70, b=40),
-            legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))
+COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2")
+MODEL_COLORS = ("#222222", "#7f7f7f")
+BASE = MappingProxyType(dict(template="plotly_white", margin=dict(l=10, r=10, t=70, b=40),
+            legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")))
 
 
 def bucket_sweep_figure(rows: list[dict], series: dict[str, str], title: str = "Step time vs bucket size",

@@ -26,14 +26,16 @@ Introduced in chapter 04.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import hashlib
 import inspect
 import json
 import math
 from dataclasses import dataclass
 
-CONFIG = {"displaylogo": False, "responsive": True}
-UNITS = {"s": ("s", 1.0), "ms": ("ms", 1e3), "us": ("µs", 1e6), "µs": ("µs", 1e6)}
+CONFIG = MappingProxyType({"displaylogo": False, "responsive": True})
+UNITS = MappingProxyType({"s": ("s", 1.0), "ms": ("ms", 1e3), "us": ("µs", 1e6), "µs": ("µs", 1e6)})
 PLAY_SECONDS = 4.0   # "play" takes about this long, whatever the number of frames
 MAX_FRAME_MS = 1000  # ... but no frame stays longer than this
 
@@ -47,7 +49,7 @@ class Units:
     scale: float = 1.0
 
 
-CLOCK_LABELS = {label for label, _ in UNITS.values()}
+CLOCK_LABELS = frozenset({label for label, _ in UNITS.values()})
 ABSTRACT_PREFIX = "units of "
 
 
@@ -168,10 +170,10 @@ def figure_bundle(fig) -> dict:
 
     payload = pio.to_json(fig, validate=False)
     div_id = _stable_id(payload)
-    html = fig.to_html(include_plotlyjs=False, full_html=False, div_id=div_id, config=CONFIG,
+    html = fig.to_html(include_plotlyjs=False, full_html=False, div_id=div_id, config=dict(CONFIG),
                        auto_play=False, validate=False)
     return {
-        "application/vnd.plotly.v1+json": {**json.loads(payload), "config": CONFIG},
+        "application/vnd.plotly.v1+json": {**json.loads(payload), "config": dict(CONFIG)},
         "text/html": html,
         "text/plain": f"<plotly figure {div_id}>",
     }

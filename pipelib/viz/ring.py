@@ -15,6 +15,8 @@ Who sends which K/V block to whom, step by step, is `pipelib.viz.comm.collective
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import math
 
 import plotly.graph_objects as go
@@ -24,8 +26,8 @@ from pipelib.trace import Trace
 from pipelib.viz.display import short_number, time_unit
 from pipelib.viz.timeline import PALETTE
 
-_LOOK = dict(template="plotly_white", margin=dict(l=10, r=10, t=70, b=40),
-             legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"))
+_LOOK = MappingProxyType(dict(template="plotly_white", margin=dict(l=10, r=10, t=70, b=40),
+             legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")))
 
 
 def work_figure(traces: dict[str, Trace], title: str = "Causal work per rank") -> go.Figure:

@@ -9,13 +9,15 @@ Introduced in chapter 09.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from pipelib.trace import Kind, Trace
 
-RANK_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#B279A2", "#72B7B2", "#FF9DA6", "#9D755D"]
-COLLECTIVE_COLORS = {"all_reduce": "#4C78A8", "reduce_scatter": "#F58518", "all_gather": "#54A24B"}
+RANK_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#B279A2", "#72B7B2", "#FF9DA6", "#9D755D")
+COLLECTIVE_COLORS = MappingProxyType({"all_reduce": "#4C78A8", "reduce_scatter": "#F58518", "all_gather": "#54A24B"})
 
 
 def tp_split_figure(rows: int, cols: int, t: int, title: str = "Who holds which weights") -> go.Figure:

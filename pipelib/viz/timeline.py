@@ -18,6 +18,8 @@ Introduced in chapter 04.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import numpy as np
 import plotly.graph_objects as go
 
@@ -26,26 +28,26 @@ from pipelib.viz.display import (
     Units, nice_cuts, plain_number, play_controls, rounder, short_number, time_title, time_unit,
 )
 
-KIND_COLORS = {
+KIND_COLORS = MappingProxyType({
     Kind.COMPUTE: "#4C78A8",
     Kind.SEND: "#F58518",
     Kind.RECV_WAIT: "#E45756",
     Kind.TRANSFER: "#72B7B2",
     Kind.COLLECTIVE: "#B279A2",
-}
-LABEL_COLORS = {"F": "#4C78A8", "B": "#54A24B", "I": "#88C95F", "W": "#9D755D",
+})
+LABEL_COLORS = MappingProxyType({"F": "#4C78A8", "B": "#54A24B", "I": "#88C95F", "W": "#9D755D",
                 "forward": "#4C78A8", "backward": "#54A24B",
-                "serial": "#E45756", "parallel": "#4C78A8", "optimizer": "#EECA3B"}
+                "serial": "#E45756", "parallel": "#4C78A8", "optimizer": "#EECA3B"})
 # other compute labels (a model's parts, a strategy's phases): colours no op or kind above uses
-OTHER_COLORS = ["#FF9DA6", "#8CD17D", "#D67195", "#B6992D", "#499894", "#BAB0AC", "#79706E", "#D37295"]
-PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6"]
-OP_NAMES = {"F": "forward", "B": "backward", "I": "backward, input gradient",
-            "W": "backward, weight gradient", Kind.RECV_WAIT.value: "idle, waiting for a message"}
-TEXT = dict(textposition="inside", insidetextanchor="middle", textangle=0, constraintext="inside",
-            textfont=dict(size=10, color="white"))
-LAYOUT = dict(barmode="overlay", uniformtext=dict(minsize=8, mode="hide"), template="plotly_white",
+OTHER_COLORS = ("#FF9DA6", "#8CD17D", "#D67195", "#B6992D", "#499894", "#BAB0AC", "#79706E", "#D37295")
+PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6")
+OP_NAMES = MappingProxyType({"F": "forward", "B": "backward", "I": "backward, input gradient",
+            "W": "backward, weight gradient", Kind.RECV_WAIT.value: "idle, waiting for a message"})
+TEXT = MappingProxyType(dict(textposition="inside", insidetextanchor="middle", textangle=0, constraintext="inside",
+            textfont=dict(size=10, color="white")))
+LAYOUT = MappingProxyType(dict(barmode="overlay", uniformtext=dict(minsize=8, mode="hide"), template="plotly_white",
               legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom"),
-              margin=dict(l=10, r=10, t=115, b=40), hoverlabel=dict(align="left"))
+              margin=dict(l=10, r=10, t=115, b=40), hoverlabel=dict(align="left")))
 
 
 def _rank_names(trace: Trace, kinds=(Kind.COMPUTE,), prefix: str = "") -> list[str]:

@@ -14,11 +14,13 @@ Introduced in chapter 08.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import plotly.graph_objects as go
 
 CATEGORIES = ("parameters", "gradients", "optimizer")
-COLOURS = {"parameters": "#4C78A8", "gradients": "#F58518", "optimizer": "#54A24B"}
-STAGE_NAMES = {0: "stage 0 (DDP)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
+COLOURS = MappingProxyType({"parameters": "#4C78A8", "gradients": "#F58518", "optimizer": "#54A24B"})
+STAGE_NAMES = MappingProxyType({0: "stage 0 (DDP)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"})
 
 
 def _scale(nbytes_max: float) -> tuple[str, float]:

@@ -16,6 +16,9 @@ relative=True idle / busy, relative to the ideal compute time. Derived in chapte
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+from typing import Mapping
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -149,7 +152,7 @@ class ScheduleInfo:
         return idle / busy if relative else idle / (idle + busy)
 
 
-REGISTRY: dict[str, ScheduleInfo] = {info.name: info for info in (
+REGISTRY: Mapping[str, ScheduleInfo] = MappingProxyType({info.name: info for info in (
     ScheduleInfo("naive", naive, None, closed_form=stop_and_wait),
     ScheduleInfo("gpipe", gpipe, "ScheduleGPipe", closed_form=fill_and_drain, aliases=("GPipe",)),
     ScheduleInfo("1f1b", one_f_one_b, "Schedule1F1B", closed_form=fill_and_drain,
@@ -169,14 +172,14 @@ REGISTRY: dict[str, ScheduleInfo] = {info.name: info for info in (
     ScheduleInfo("zbv", zbv, "ScheduleZBVZeroBubble", split_backward=True, v_shaped=True,
                  closed_form=v_filled),
     ScheduleInfo("dualpipe_v", dualpipe_v, "ScheduleDualPipeV", split_backward=True, v_shaped=True),
-)}
+)})
 
-ALIASES: dict[str, str] = {a: info.name for info in REGISTRY.values() for a in info.aliases}
+ALIASES: Mapping[str, str] = MappingProxyType({a: info.name for info in REGISTRY.values() for a in info.aliases})
 if set(ALIASES) & set(REGISTRY) or len(ALIASES) < sum(len(i.aliases) for i in REGISTRY.values()):
     raise ValueError(f"an alias names two schedules, or is a schedule's name: {ALIASES}")
 
 # name -> generator, for callers that only need the function (the book's loops, the bench)
-GENERATORS: dict[str, Callable[..., Schedule]] = {n: i.generator for n, i in REGISTRY.items()}
+GENERATORS: Mapping[str, Callable[..., Schedule]] = MappingProxyType({n: i.generator for n, i in REGISTRY.items()})
 
 
 def schedule_info(name: str) -> ScheduleInfo:
