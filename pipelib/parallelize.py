@@ -13,7 +13,8 @@ this is the one place that sees the whole mesh; each strategy gets only its own 
 2. tensor (and sequence) parallelism on `mesh["tp"]` (`apply_tensor_parallel`);
 3. context parallelism on `mesh["cp"]` (chapter 15 adds it to the whole model);
 4. activation recomputation (`apply_recompute`, no group);
-5. data parallelism over `mesh["dp"]`: one `DATA_PARALLEL` entry (DDP's buckets) wraps each
+5. data parallelism over `mesh["dp"]`: one `DATA_PARALLEL` entry (DDP's buckets, or ZeRO 1-3
+   with its optimizer over this rank's shards; `pipelib.data_parallel.kinds`) wraps each
    module this rank holds. Without a pipeline it reduces after the backward; inside a pipeline
    it reduces each stage's gradients once per step, when the executor says that stage's last
    backward is done (`execute(..., stage_done=)`, torch's REDUCE_GRAD).
@@ -26,34 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from pipelib.data_parallel.kinds import DATA_PARALLEL, Owned
 from pipelib.topology import DEFAULT_ORDER, Topology
-
-
-class DataParallelKind(NamedTuple):
-    """One way to reduce gradients over the dp axis: `wrap(module, group, plan)` returns an
-    object with `finish_gradients()` (the reduction) and `backward(loss)` (timed backward)."""
-
-    name: str
-    wrap: Callable
-    doc: str
-
-
-def _wrap_ddp(module, group, plan):
-    from pipelib.data_parallel.ddp import BucketedGrads
-
-    return BucketedGrads(module, group, bucket_bytes=plan.bucket_bytes)
-
-
-DATA_PARALLEL = MappingProxyType({k.name: k for k in (
-    DataParallelKind("ddp", _wrap_ddp, "DDP's buckets, all-reduced once the gradients are in (chapter 07)"),
-)})
 
 
 @dataclass(frozen=True)
@@ -81,6 +62,10 @@ class Plan:
         if self.cp > 1:
             raise ValueError(f"Plan: cp={self.cp}: context parallelism of the whole model is not composed "
                              f"yet (chapter 17 runs it on attention alone); use cp=1")
+        if self.pp > 1 and not DATA_PARALLEL[self.data_parallel].microbatched:
+            raise ValueError(f"Plan: data_parallel={self.data_parallel!r} with pp={self.pp}: it reduces each "
+                             f"gradient as backward produces it, once per microbatch; use 'ddp' or 'zero1' "
+                             f"with a pipeline (as Megatron-LM's distributed optimizer and DeepSpeed do)")
         if self.tp > 1 and self.pp > 1:
             raise ValueError(f"Plan: tp={self.tp} with pp={self.pp}: tensor parallelism inside pipeline "
                              f"stages comes with chapter 15; use one of them with dp")
@@ -155,6 +140,12 @@ class Parallel:
                     out.append(p)
         return out
 
+    def make_optimizer(self, optimizer: Callable):
+        """What steps this rank's parameters: `optimizer(params)` over them, or the data-parallel
+        kind's own optimizers over their shards (ZeRO)."""
+        owners = [r for r in self.reducers if hasattr(r, "optimizer_step")]
+        return Owned(owners) if owners else optimizer(self.parameters())
+
     def forward_backward(self, x, y):
         """One step's forward and backward on this rank's rows, gradients reduced over every
         axis; the loss of this rank's rows where it is computed (the last stage), else None."""
@@ -193,7 +184,7 @@ class Parallel:
         from pipelib.pipeline.gpt import sum_tied_grads, tied_ranks
 
         by_stage = dict(zip((st.index for st in self.stages), self.reducers))
-        done = (lambda k: by_stage[k].finish_gradients()) if by_stage else None
+        done = (lambda k: by_stage[k].finish_gradients()) if by_stage else None  # ZeRO's waits for its step
         loss = execute(self.schedule, self.stages, x, y, cross_entropy, self.mesh["pp"], stage_done=done)
         first, last = tied_ranks(self.schedule)
         sum_tied_grads(self.model.embed.wte.weight, self.schedule, self.mesh["pp"],
@@ -206,11 +197,19 @@ class Parallel:
         from pipelib.tensor_parallel.apply import tp_unshard
 
         held = {id(p) for p in self.parameters()}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        local = {}  # ZeRO's: its shards gathered over dp, under the monolith's names
+        for r, module in zip(self.reducers, self.modules):
+            if hasattr(r, "full"):
+                mine = {n: names[id(p)] for n, p in module.named_parameters()}
+                local.update({mine[n]: t for n, t in r.full(what).items()})
         out = {}
         for name, p in self.model.named_parameters():
             if id(p) not in held:
                 continue
-            t = p.detach() if what == "data" else (p.grad if p.grad is not None else torch.zeros_like(p))
+            t = local.get(name)
+            if t is None:
+                t = p.detach() if what == "data" else (p.grad if p.grad is not None else torch.zeros_like(p))
             place = self.placements.get(name, Placement())
             if place.axis is None:
                 out[name] = t.detach().clone()
@@ -226,9 +225,10 @@ class Parallel:
             r.close()
 
 
-def parallelize(model: nn.Module, mesh, plan: Plan) -> Parallel:
+def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | None = None) -> Parallel:
     """Apply `plan`'s strategies to `model` on this rank, in the fixed order of the module
-    docstring, each on its own group of `mesh`; return this rank's `Parallel`."""
+    docstring, each on its own group of `mesh`; return this rank's `Parallel`. `optimizer`
+    (params -> torch optimizer) is what a data-parallel kind that shards it builds (ZeRO)."""
     modules, stages, schedule = [model], None, None
     if plan.pp > 1:  # 1. pipeline stages
         from pipelib.pipeline.gpt import gpt_stages
@@ -252,9 +252,12 @@ def parallelize(model: nn.Module, mesh, plan: Plan) -> Parallel:
             apply_recompute(m, plan.recompute)
     par = Parallel(model, mesh, plan, modules, stages, schedule)
     par.placements = _placements(model, plan, stages)
+    from pipelib.runtime.device import current
+
+    current().memory.track_module(*modules)  # what this rank holds (ZeRO then counts its shards instead)
     if plan.dp > 1:  # 5. data parallelism, last: it wraps what the others made
         kind = DATA_PARALLEL[plan.data_parallel]
-        par.reducers = [kind.wrap(m, mesh["dp"], plan) for m in modules]
+        par.reducers = [kind.wrap(m, mesh["dp"], plan, optimizer or torch.optim.Adam) for m in modules]
     return par
 
 

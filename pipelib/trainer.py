@@ -39,10 +39,9 @@ def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
         return None
     dev = current()
     with dev.measure(fresh_memory=True) as run_scope:
-        par = parallelize(recipe.build().to(dev.torch_device), mesh, plan)
+        par = parallelize(recipe.build().to(dev.torch_device), mesh, plan, optimizer=recipe.make_optimizer)
         params = par.parameters()
-        dev.memory.track_module(*par.modules)
-        opt = recipe.make_optimizer(params)
+        opt = par.make_optimizer(recipe.make_optimizer)
         numel = sum(p.numel() for p in params)
         dp_rank, losses, times, sent, grads = mesh.local_rank("dp"), [], [], [], {}
         try:

@@ -81,3 +81,18 @@ def test_plan_prints_round_trips_and_checks_before_any_engine_work():
         Plan(dp=4, pp=2).check(RECIPE, 4)
     with pytest.raises(ValueError, match="data_parallel='zero9'"):
         Plan(dp=2, data_parallel="zero9")
+
+
+@pytest.mark.parametrize("sizes, kind", [(dict(dp=2, tp=2), "zero1"), (dict(dp=2, tp=2), "zero3"),
+                                         (dict(dp=2, pp=2), "zero1")])
+def test_zero_over_the_dp_axis_composes_too(cluster4, sizes, kind):
+    recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2)  # ZeRO's flat buffers are fp32
+    plan = Plan(**sizes, data_parallel=kind)
+    results = run(cluster4, recipe, plan)
+    check_against_reference(results, recipe.reference(), shared=True, rtol=1e-4, atol=1e-5)
+    assert all(r.peak_bytes > 0 for r in results)
+
+
+def test_zero2_and_zero3_refuse_a_pipeline():
+    with pytest.raises(ValueError, match="once per microbatch; use 'ddp' or 'zero1'"):
+        Plan(dp=2, pp=2, data_parallel="zero2")

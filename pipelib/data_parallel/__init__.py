@@ -8,6 +8,7 @@
   the step; a second virtual clock on a simulated device) and `BackwardTimer` (backward in laps);
 - `ddp`: DDP from first principles in four steps: `AllReduceGrads`, `BucketedGrads`,
   `OverlappedGrads`, `DDP` (no_sync and its misuse);
+- `kinds`: the ways `pipelib.parallelize` reduces over the dp axis (DDP's buckets, ZeRO 1-3);
 - `steps`: the registry of DDP steps (`DDP_STEPS`), torch's DDP behind the same four calls;
 - `runner`: `run_ddp` (train k steps with any step, or torch's DistributedDataParallel, on a
   group of a cluster, arguments checked first), `reference_step` (one process, whole batch);

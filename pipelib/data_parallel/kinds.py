@@ -1,0 +1,94 @@
+"""The ways to reduce gradients over the data-parallel axis, as `pipelib.parallelize` applies them.
+
+    DATA_PARALLEL["zero1"].wrap(stage_module, mesh["dp"], plan, optimizer)
+
+One entry per kind: DDP's buckets (chapter 07) or ZeRO stage 1, 2 or 3 (chapter 08). Every
+wrapper answers the same calls (`backward`, `finish_gradients`, `close`), and a kind that shards
+the optimizer (ZeRO) also steps it (`optimizer_step`, `zero_grad`) and gathers its shards for
+the check (`full`). `microbatched` says whether its reduction can wait for a pipeline stage's
+last microbatch (ZeRO-2 and -3 reduce each gradient as backward produces it).
+
+Introduced in chapter 15.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Callable, NamedTuple
+
+
+class DataParallelKind(NamedTuple):
+    """One way to reduce gradients over the dp axis. `wrap(module, group, plan, optimizer)`
+    returns an object with `backward(loss)` (timed), `finish_gradients()` (the reduction, once
+    per step), `close()`; with `shards_optimizer`, also `optimizer_step()`, `zero_grad()` and
+    `full(what)` ({name in the module: whole tensor}), since it steps its own shards."""
+
+    name: str
+    wrap: Callable
+    shards_optimizer: bool
+    microbatched: bool  # its reduction can wait for a pipeline stage's last microbatch
+    doc: str
+
+
+def _wrap_ddp(module, group, plan, optimizer):
+    from pipelib.data_parallel.ddp import BucketedGrads
+
+    return BucketedGrads(module, group, bucket_bytes=plan.bucket_bytes)
+
+
+class ZeROReducer:
+    """ZeRO over the dp axis behind the reducer's calls (its optimizer over this rank's shards)."""
+
+    def __init__(self, module, group, stage, optimizer):
+        from pipelib.data_parallel.zero import ZeRO
+        from pipelib.runtime.device import current
+
+        self.dev = current()
+        self.zero = ZeRO(module, group, stage, optimizer=optimizer)
+
+    def backward(self, loss) -> None:
+        with self.dev.compute("B"):
+            loss.backward()
+
+    def finish_gradients(self) -> None:
+        """ZeRO reduces at its step (stages 2-3 also during backward)."""
+
+    def optimizer_step(self) -> None:
+        self.zero.step()
+
+    def zero_grad(self) -> None:
+        self.zero.zero_grad()
+
+    def full(self, what: str) -> dict:
+        return self.zero.full_gradients() if what == "grad" else self.zero.full_parameters()
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def _zero(stage):
+    return lambda module, group, plan, optimizer: ZeROReducer(module, group, stage, optimizer)
+
+
+DATA_PARALLEL = MappingProxyType({k.name: k for k in (
+    DataParallelKind("ddp", _wrap_ddp, False, True,
+                     "DDP's buckets, all-reduced once a stage's gradients are in (chapter 07)"),
+    DataParallelKind("zero1", _zero(1), True, True, "ZeRO-1: optimizer state sharded (chapter 08)"),
+    DataParallelKind("zero2", _zero(2), True, False, "ZeRO-2: gradients reduce-scattered in backward"),
+    DataParallelKind("zero3", _zero(3), True, False, "ZeRO-3: parameters gathered per unit, then freed"),
+)})
+
+
+class Owned:
+    """The optimizers that data-parallel kinds own (ZeRO's, over each module's shards), stepped
+    as one."""
+
+    def __init__(self, owners):
+        self.owners = owners
+
+    def step(self) -> None:
+        for r in self.owners:
+            r.optimizer_step()
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        for r in self.owners:
+            r.zero_grad()
