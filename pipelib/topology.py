@@ -130,7 +130,7 @@ class Topology:
 
     def groups(self, axis: str) -> tuple[tuple[int, ...], ...]:
         """Every group along `axis`, each once, ordered by their smallest rank: the order in
-        which every rank must create them (`torch.distributed.new_group` is collective)."""
+        which every rank must create them (making a process group is collective)."""
         seen = {self.group_of(axis, r) for r in range(self.world_size)}
         return tuple(sorted(seen))
 

@@ -183,6 +183,11 @@ class Trace:
         busy = sum(self.busy(r, kinds) for r in range(self.world_size))
         return 1.0 - busy / (self.world_size * span)
 
+    def first_ranks(self, n: int | None = None) -> "Trace":
+        """The events of ranks 0..n-1 only (a pipeline on the first ranks of a larger cluster)."""
+        n = self.world_size if n is None else n
+        return Trace([e for e in self.events if e.rank < n], world_size=n)
+
     def bytes_sent(self, rank: int | None = None, axis: str | None = None) -> int:
         """Payload bytes sent (SEND events), by one rank or all, on one mesh axis or any."""
         return sum(e.bytes for e in self.events if e.kind == Kind.SEND and (rank is None or e.rank == rank)
@@ -230,24 +235,24 @@ class Trace:
             b = [e for e in theirs if e.rank == rank]
             for i in range(max(len(a), len(b))):
                 x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
-                if x is None or y is None or _identity(x) != _identity(y):
+                if x is None or y is None or _event_key(x) != _event_key(y):
                     raise AssertionError(
-                        f"rank {rank} ran another order: event {i} is {_describe(x)} here but "
-                        f"{_describe(y)} in the prediction ({len(a)} events here, {len(b)} there)")
+                        f"rank {rank} ran another order: event {i} is {_event_text(x)} here but "
+                        f"{_event_text(y)} in the prediction ({len(a)} events here, {len(b)} there)")
                 d = max(abs((x.start - t0) - (y.start - t1)), abs((x.end - t0) - (y.end - t1)))
                 if d > worst:
                     worst, where = d, x
         if tol is not None and worst > tol:
-            raise AssertionError(f"rank {where.rank}'s {_describe(where)} is {worst:.3g} s away from "
+            raise AssertionError(f"rank {where.rank}'s {_event_text(where)} is {worst:.3g} s away from "
                                  f"its prediction (tolerance {tol:g} s)")
         return worst
 
 
-def _identity(e: Event) -> tuple:
+def _event_key(e: Event) -> tuple:
     return e.kind, e.label, e.stage, e.microbatch
 
 
-def _describe(e: Event | None) -> str:
+def _event_text(e: Event | None) -> str:
     if e is None:
         return "missing"
     where = "".join(f" {k} {v}" for k, v in (("stage", e.stage), ("microbatch", e.microbatch)) if v is not None)

@@ -296,6 +296,4 @@ def stage_activation_bytes(config, num_stages: int, rows: int, balance="layers",
 
 def pipeline_trace(cluster, num_ranks: int | None = None) -> Trace:
     """Gather the cluster's events, keeping the pipeline's `num_ranks` ranks (the others idled)."""
-    trace = cluster.trace()
-    n = trace.world_size if num_ranks is None else num_ranks
-    return Trace([e for e in trace.events if e.rank < n], world_size=n)
+    return cluster.trace().first_ranks(num_ranks)

@@ -2,6 +2,7 @@
 
 - `cluster`: `Cluster`, one ipyparallel engine per rank with torch.distributed on each;
 - `engine`: what runs on the engines: each rank's start-up and `Cluster.run`'s wrappers;
+- `rendezvous`: where a local cluster's ranks meet (a file, no TCP store), sockets on loopback;
 - `args`: a cluster's arguments, checked before any process starts;
 - `progress`: one line per start-up phase while a notebook waits for its cluster;
 - `errors`: `RankError`, `RankDiedError`, `RankTimeoutError`: faults as errors naming the rank;
@@ -13,8 +14,8 @@
 - `beacon`: `Activity`, what a rank is doing, readable while it is stuck;
 - `span`: `Device.measure()` and `Device.overrides()`: scoped, nestable measurement (a `Span`);
 - `alternate`: `alternate_steps`, the one A/B timing loop (sides in turn, the slowest rank's time);
-- `mesh`: `Mesh`, the process groups of a `Topology`, made once per engine (the only
-  `new_group` caller); strategies take one of its groups as an argument.
+- `mesh`: `Mesh`, the process groups of a `Topology`, made once per engine (the one place
+  that makes torch.distributed groups); strategies take one of its groups as an argument.
 
 Chapters: the cluster from chapter 04 on (every chapter that runs on ranks); devices and
 clocks in chapter 04; the memory tracker in chapters 10-13 (activation memory of each
