@@ -131,12 +131,9 @@ def test_figures_build():
 
 # ----------------------------------------------------------------------------- live link
 @pytest.mark.cluster
-def test_pingpong_between_two_cpu_engines():
-    from pipelib.runtime.cluster import Cluster
-
+def test_pingpong_between_two_cpu_engines(cpu2):
     sizes = [8, 4096, MiB]
-    with Cluster(2, device="cpu", timeout=30) as cluster:
-        results = cluster.run(pingpong_times, sizes, 3)
+    results = cpu2.run(pingpong_times, sizes, 3)
     assert results[1] is None
     times = results[0]
     # small messages are sampled 8x more (a busy machine's best case needs more tries)

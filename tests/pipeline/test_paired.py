@@ -53,28 +53,26 @@ def test_overlap_orders_the_three_runners_by_whole_messages(p, m):
 
 # ----------------------------------------------------------------------------- on a cluster
 @pytest.fixture(scope="module")
-def cluster4():
-    from pipelib.runtime.cluster import Cluster
-
-    with Cluster(4, timeout=10) as c:
-        c.run(lambda: __import__("pipelib.pipeline.paired") and None, timeout=60)
-        yield c
+def paired4(cluster4):
+    """The shared 4-engine cluster, pipelib.pipeline.paired imported on every engine first."""
+    cluster4.run(lambda: __import__("pipelib.pipeline.paired") and None, timeout=60)
+    return cluster4
 
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("mode", ["paired", "serial"])
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 5), (4, 2), (4, 6)])
-def test_paired_1f1b_equals_the_monolith_and_its_prediction(cluster4, p, m, mode):
+def test_paired_1f1b_equals_the_monolith_and_its_prediction(paired4, p, m, mode):
     from pipelib.costmodel import get_profile
 
     costs = Costs(F=1e-3, B=2e-3, p2p=get_profile("toy-gpu").message_time, message_bytes=ROWS * 64)
-    cluster4.reset()
-    res = cluster4.run(train_step_paired, p, m, CFG, m, batch_size=ROWS * m, costs=costs, mode=mode)
+    paired4.reset()
+    res = paired4.run(train_step_paired, p, m, CFG, m, batch_size=ROWS * m, costs=costs, mode=mode)
     check_against_reference(res[:p], *monolith_step(CFG, ROWS * m, batch_seed=m))
     assert res[p:] == [None] * (4 - p)
-    assert abs(cluster4.trace().span - max(predict_paired(p, m, costs, mode))) < 1e-9
+    assert abs(paired4.trace().span - max(predict_paired(p, m, costs, mode))) < 1e-9
     if mode == "paired":
-        cluster4.reset()
-        run_train_step(cluster4, one_f_one_b(p, m), None, None, CFG, m, batch_size=ROWS * m,
+        paired4.reset()
+        run_train_step(paired4, one_f_one_b(p, m), None, None, CFG, m, batch_size=ROWS * m,
                        costs=costs)
-        assert cluster4.trace().span <= max(predict_paired(p, m, costs, mode)) + 1e-12
+        assert paired4.trace().span <= max(predict_paired(p, m, costs, mode)) + 1e-12
