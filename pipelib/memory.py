@@ -91,7 +91,7 @@ class ModelStateBytes:
 
 
 def optimizer_state_bytes(n_params: int, n_tensors: int = 0, optimizer: str = "adam",
-                          dtype_bytes: int = 4, momentum: float = 0.0) -> int:
+                          itemsize: int = 4, momentum: float = 0.0) -> int:
     """Bytes torch's optimizer keeps after its first step.
 
     Adam/AdamW: exp_avg and exp_avg_sq (2 x n_params), plus one fp32 `step` counter tensor per
@@ -99,19 +99,19 @@ def optimizer_state_bytes(n_params: int, n_tensors: int = 0, optimizer: str = "a
     """
     opt = optimizer.lower()
     if opt in ("adam", "adamw"):
-        return 2 * n_params * dtype_bytes + 4 * n_tensors
+        return 2 * n_params * itemsize + 4 * n_tensors
     if opt == "sgd":
-        return n_params * dtype_bytes if momentum else 0
+        return n_params * itemsize if momentum else 0
     raise ValueError(f"unknown optimizer {optimizer!r}; choose 'adam', 'adamw' or 'sgd'")
 
 
-def model_state_bytes(cfg, optimizer: str = "adam", dtype_bytes: int = 4,
+def model_state_bytes(cfg, optimizer: str = "adam", itemsize: int = 4,
                       momentum: float = 0.0) -> ModelStateBytes:
     """Parameters, gradients and optimizer state, all in one dtype (fp32 by default)."""
     shapes = param_shapes(cfg)
     n = sum(prod(s) for s in shapes.values())
-    return ModelStateBytes(n * dtype_bytes, n * dtype_bytes,
-                           optimizer_state_bytes(n, len(shapes), optimizer, dtype_bytes, momentum))
+    return ModelStateBytes(n * itemsize, n * itemsize,
+                           optimizer_state_bytes(n, len(shapes), optimizer, itemsize, momentum))
 
 
 def mixed_precision_adam_bytes(n_params: int) -> ModelStateBytes:
@@ -123,7 +123,7 @@ def mixed_precision_adam_bytes(n_params: int) -> ModelStateBytes:
 
 
 # ----------------------------------------------------------------------------- activations
-def gpt_layer_activation_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
+def gpt_layer_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
                                mask_bytes: int | None = None) -> int:
     """Bytes autograd saves in one Block of `pipelib.model.GPT` for a (batch, seq) input.
 
@@ -136,7 +136,7 @@ def gpt_layer_activation_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
       c_fc output (GELU input), GELU output (c_proj input)          8 BTC
     plus LayerNorm mean and 1/std (2 x 2 BT, fp32). With dropout > 0: one mask per dropout
     (attention a B T^2, two residual BTC) and the dropped attention matrix (a B T^2). CPU
-    dropout keeps a float mask (mask_bytes = dtype_bytes, the default); CUDA keeps a bool
+    dropout keeps a float mask (mask_bytes = itemsize, the default); CUDA keeps a bool
     (mask_bytes=1).
     With `flash` (and no dropout) SDPA keeps q, k, v as views of the c_attn output (3 BTC), its
     output (BTC, already laid out for c_proj, so no copy) and a log-sum-exp (a BT): no T x T
@@ -146,17 +146,17 @@ def gpt_layer_activation_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
     """
     B, T, C, a = batch, seq, cfg.n_embd, cfg.n_head
     p = getattr(cfg, "dropout", 0.0)
-    m = dtype_bytes if mask_bytes is None else mask_bytes
+    m = itemsize if mask_bytes is None else mask_bytes
     stats = 2 * 2 * B * T * STATS_BYTES
     if getattr(cfg, "flash", False) and p == 0:
-        return dtype_bytes * (16 * B * T * C + a * B * T) + stats
-    nbytes = dtype_bytes * (16 * B * T * C + a * B * T * T) + stats
+        return itemsize * (16 * B * T * C + a * B * T) + stats
+    nbytes = itemsize * (16 * B * T * C + a * B * T * T) + stats
     if p > 0:
-        nbytes += m * (a * B * T * T + 2 * B * T * C) + dtype_bytes * a * B * T * T
+        nbytes += m * (a * B * T * T + 2 * B * T * C) + itemsize * a * B * T * T
     return nbytes
 
 
-def gpt_activation_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
+def gpt_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
                          mask_bytes: int | None = None, include_loss: bool = True) -> int:
     """Bytes saved for backward by a whole forward pass `GPT(idx, targets)`.
 
@@ -165,13 +165,13 @@ def gpt_activation_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
     targets (int64) and one scalar weight. Parameters and buffers are not activations.
     """
     B, T, C, V = batch, seq, cfg.n_embd, cfg.vocab_size
-    m = dtype_bytes if mask_bytes is None else mask_bytes
+    m = itemsize if mask_bytes is None else mask_bytes
     embed = INDEX_BYTES * (B * T + T)
     if getattr(cfg, "dropout", 0.0) > 0:
         embed += m * B * T * C
-    layers = cfg.n_layer * gpt_layer_activation_bytes(cfg, B, T, dtype_bytes, mask_bytes)
-    head = dtype_bytes * 2 * B * T * C + 2 * B * T * STATS_BYTES
-    loss = dtype_bytes * (B * T * V + 1) + INDEX_BYTES * B * T if include_loss else 0
+    layers = cfg.n_layer * gpt_layer_activation_bytes(cfg, B, T, itemsize, mask_bytes)
+    head = itemsize * 2 * B * T * C + 2 * B * T * STATS_BYTES
+    loss = itemsize * (B * T * V + 1) + INDEX_BYTES * B * T if include_loss else 0
     return embed + layers + head + loss
 
 
@@ -184,16 +184,16 @@ def megatron_layer_activation_bytes(cfg, batch: int, seq: int) -> int:
     return 34 * s * b * h + 5 * a * s * s * b
 
 
-def mlp_activation_bytes(cfg, batch: int, dtype_bytes: int = 4, include_loss: bool = True) -> int:
+def mlp_activation_bytes(cfg, batch: int, itemsize: int = 4, include_loss: bool = True) -> int:
     """Bytes saved by `MLP(x)` plus cross-entropy: the input, every ReLU output, the loss.
 
     Each Linear saves its input (for the weight gradient) and each ReLU its output (the sign
     of the output is the derivative), and the two are the same tensor, counted once.
     """
     B = batch
-    nbytes = dtype_bytes * B * (cfg.in_features + (cfg.num_layers - 1) * cfg.hidden)
+    nbytes = itemsize * B * (cfg.in_features + (cfg.num_layers - 1) * cfg.hidden)
     if include_loss:
-        nbytes += dtype_bytes * (B * cfg.out_features + 1) + INDEX_BYTES * B
+        nbytes += itemsize * (B * cfg.out_features + 1) + INDEX_BYTES * B
     return nbytes
 
 

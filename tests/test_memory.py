@@ -70,7 +70,7 @@ def test_float64_model_state_keeps_fp32_step_counters():
     model = GPT(cfg).double()
     optimizer = torch.optim.Adam(model.parameters())
     one_step(model, cfg, optimizer)
-    want = memory.model_state_bytes(cfg, "adam", dtype_bytes=8)
+    want = memory.model_state_bytes(cfg, "adam", itemsize=8)
     assert want.params == nbytes(model.parameters())
     assert want.optimizer == nbytes(t for s in optimizer.state.values() for t in s.values())
 
@@ -114,7 +114,7 @@ def test_megatron_closed_form_is_our_count_in_16_bit_with_byte_masks():
     """Korthikanti et al. 2022: 34 sbh + 5 a s^2 b = ours (fp16, dropout, bool masks) - LN stats."""
     for b, s, h, a in [(1, 2048, 12288, 96), (4, 128, 64, 4), (2, 17, 30, 3)]:
         cfg = SimpleNamespace(n_embd=h, n_head=a, dropout=0.1)
-        ours = memory.gpt_layer_activation_bytes(cfg, b, s, dtype_bytes=2, mask_bytes=1)
+        ours = memory.gpt_layer_activation_bytes(cfg, b, s, itemsize=2, mask_bytes=1)
         ln_stats = 2 * 2 * b * s * memory.STATS_BYTES
         assert ours - ln_stats == memory.megatron_layer_activation_bytes(cfg, b, s)
 

@@ -268,7 +268,7 @@ def stage_flops(config, num_stages: int, balance="layers", rows: int = 1) -> lis
 
 
 def stage_activation_bytes(config, num_stages: int, rows: int, balance="layers",
-                           dtype_bytes: int = 4) -> list[int]:
+                           itemsize: int = 4) -> list[int]:
     """Bytes each stage keeps for backward per microbatch of `rows` rows (chapter 11).
 
     A stage keeps its input (its first Linear needs it for the weight gradient; on stage 0 that
@@ -287,9 +287,9 @@ def stage_activation_bytes(config, num_stages: int, rows: int, balance="layers",
     out = []
     for b in bounds:
         widths = d[b.start] + sum(d[i + 1] for i in b if i < last)  # input + ReLU outputs
-        nbytes = dtype_bytes * rows * widths
+        nbytes = itemsize * rows * widths
         if last in b:
-            nbytes += dtype_bytes * (rows * config.out_features + 1) + INDEX_BYTES * rows
+            nbytes += itemsize * (rows * config.out_features + 1) + INDEX_BYTES * rows
         out.append(nbytes)
     return out
 

@@ -68,25 +68,25 @@ class PolicyCost:
     extra_flops: int
 
 
-def core_activation_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
+def core_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
                           mask_bytes: int | None = None) -> int:
     """What the written-out attention core saves: the q, k and v copies of its two matmuls
     (3 B T C) and the softmax output (a B T^2), plus with dropout a mask and the dropped
     matrix (a B T^2 each)."""
     B, T, C, a = batch, seq, cfg.n_embd, cfg.n_head
-    m = dtype_bytes if mask_bytes is None else mask_bytes
-    nbytes = dtype_bytes * (3 * B * T * C + a * B * T * T)
+    m = itemsize if mask_bytes is None else mask_bytes
+    nbytes = itemsize * (3 * B * T * C + a * B * T * T)
     if getattr(cfg, "dropout", 0.0) > 0:
-        nbytes += m * a * B * T * T + dtype_bytes * a * B * T * T
+        nbytes += m * a * B * T * T + itemsize * a * B * T * T
     return nbytes
 
 
-def selective_layer_bytes(cfg, batch: int, seq: int, dtype_bytes: int = 4,
+def selective_layer_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
                           mask_bytes: int | None = None) -> int:
     """A block under selective recomputation: the core's tensors out, its q, k, v (3 B T C) in."""
-    full = gpt_layer_activation_bytes(cfg, batch, seq, dtype_bytes, mask_bytes)
-    return (full - core_activation_bytes(cfg, batch, seq, dtype_bytes, mask_bytes)
-            + dtype_bytes * 3 * batch * seq * cfg.n_embd)
+    full = gpt_layer_activation_bytes(cfg, batch, seq, itemsize, mask_bytes)
+    return (full - core_activation_bytes(cfg, batch, seq, itemsize, mask_bytes)
+            + itemsize * 3 * batch * seq * cfg.n_embd)
 
 
 def _outside_blocks(cfg, B, T, dt, mask_bytes) -> tuple[int, int]:
@@ -137,7 +137,7 @@ def selective_cost(cfg, B, T, k, dt, mask_bytes) -> tuple[int, int, int]:
 
 
 def predict_policy(cfg, batch: int, seq: int, policy: str, k: int | None = None,
-                   dtype_bytes: int = 4, mask_bytes: int | None = None) -> PolicyCost:
+                   itemsize: int = 4, mask_bytes: int | None = None) -> PolicyCost:
     """The prediction for the whole tiny GPT, forward with loss then backward (module doc):
     `pipelib.recompute.registry.policy_info(policy).cost(...)`."""
     from pipelib.recompute.registry import policy_info
@@ -146,12 +146,12 @@ def predict_policy(cfg, batch: int, seq: int, policy: str, k: int | None = None,
         raise ValueError("predict_policy counts the written-out attention; got a config with "
                          "flash=True, whose core is one fused kernel (its CPU kernel is not in "
                          "torch's FLOP counter either): use flash=False to compare")
-    return policy_info(policy).cost(cfg, batch, seq, k, dtype_bytes, mask_bytes)
+    return policy_info(policy).cost(cfg, batch, seq, k, itemsize, mask_bytes)
 
 
-def best_k(cfg, batch: int, seq: int, dtype_bytes: int = 4) -> int:
+def best_k(cfg, batch: int, seq: int, itemsize: int = 4) -> int:
     """The segment length with the lowest predicted peak (Chen's sqrt(n) when I ~ L)."""
-    peaks = {k: predict_policy(cfg, batch, seq, "every_k", k, dtype_bytes).peak_bytes
+    peaks = {k: predict_policy(cfg, batch, seq, "every_k", k, itemsize).peak_bytes
              for k in range(1, cfg.n_layer + 1)}
     return min(peaks, key=lambda k: (peaks[k], k))
 

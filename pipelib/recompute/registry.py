@@ -51,7 +51,7 @@ class PolicyInfo:
 
     name: str
     apply: Callable      # (model, blocks, k, name) -> None: the model changed in place
-    predict: Callable    # (cfg, batch, seq, k, dtype_bytes, mask_bytes) -> (kept, peak bytes, extra FLOPs)
+    predict: Callable    # (cfg, batch, seq, k, itemsize, mask_bytes) -> (kept, peak bytes, extra FLOPs)
     twin: Callable       # (model, blocks, k, name, sac=False) -> None: torch's checkpoint, the same way
     fixed_k: int | None = None        # the segment length it always runs with (full: 1)
     chooses_k: bool = False           # takes any k >= 1 (every_k; default Chen's sqrt(n))
@@ -70,14 +70,14 @@ class PolicyInfo:
                          hint="blocks per recomputed segment; k=1 is 'full', k=round(sqrt(n)) is "
                               "Chen et al.'s plan")
 
-    def cost(self, cfg, batch: int, seq: int, k=None, dtype_bytes: int = 4,
+    def cost(self, cfg, batch: int, seq: int, k=None, itemsize: int = 4,
              mask_bytes: int | None = None) -> formulas.PolicyCost:
         """`predict` with the k the formulas need: given for every_k (no default), 1 for full,
         none (ignored) for the others."""
         k = self.fixed_k if self.fixed_k is not None else k if self.chooses_k else None
         if self.chooses_k:
             k = check_int(k, "k", context=f"policy {self.name!r}", hint="blocks per recomputed segment")
-        return formulas.PolicyCost(self.name, k, *self.predict(cfg, batch, seq, k, dtype_bytes, mask_bytes))
+        return formulas.PolicyCost(self.name, k, *self.predict(cfg, batch, seq, k, itemsize, mask_bytes))
 
 
 REGISTRY: MappingProxyType[str, PolicyInfo] = MappingProxyType({info.name: info for info in (

@@ -6,7 +6,7 @@ gradient in the backward pass. So a Transformer layer costs **2 all-reduces forw
 backward**, each of b*s*h elements. A ring all-reduce sends 2 (t-1)/t of the tensor per rank
 (chapter 06), so one all-reduce costs, per rank,
 
-    bytes = 2 * b * s * h * (t - 1) / t * width      (width: 4 for fp32, 2 for bf16)
+    bytes = 2 * b * s * h * (t - 1) / t * itemsize      (itemsize: 4 for fp32, 2 for bf16)
 
 Sequence parallelism (Korthikanti et al. 2022, §4.2.2) replaces every all-reduce with a
 reduce-scatter plus an all-gather, (t-1)/t each: the same bytes, and the layer norms and
@@ -26,20 +26,20 @@ from dataclasses import dataclass
 from pipelib.checks import check_int
 
 
-def tp_all_reduce_bytes(numel: int, t: int, width: int = 4) -> int:
+def tp_all_reduce_bytes(numel: int, t: int, itemsize: int = 4) -> int:
     """Bytes one rank sends in a ring all-reduce of `numel` elements over t ranks, when t divides
-    numel: 2 (t-1)/t numel width (`pipelib.comm.alphabeta.expected_bytes` in general)."""
+    numel: 2 (t-1)/t numel itemsize (`pipelib.comm.alphabeta.expected_bytes` in general)."""
     check_int(t, "t", context="tp_all_reduce_bytes", hint="the tensor-parallel degree")
     if numel % t:
         raise ValueError(f"tp_all_reduce_bytes: numel={numel} is not divisible by t={t}; the closed "
                          f"form 2 (t-1)/t numel needs equal chunks (use alphabeta.expected_bytes)")
-    return 2 * (t - 1) * (numel // t) * width
+    return 2 * (t - 1) * (numel // t) * itemsize
 
 
-def tp_layer_bytes(b: int, s: int, h: int, t: int, width: int = 4) -> int:
+def tp_layer_bytes(b: int, s: int, h: int, t: int, itemsize: int = 4) -> int:
     """Bytes per rank of ONE tensor-parallel all-reduce of a layer's (b, s, h) activations:
-    2 b s h (t-1)/t width. Sequence parallelism sends the same as reduce-scatter + all-gather."""
-    return tp_all_reduce_bytes(b * s * h, t, width)
+    2 b s h (t-1)/t itemsize. Sequence parallelism sends the same as reduce-scatter + all-gather."""
+    return tp_all_reduce_bytes(b * s * h, t, itemsize)
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class TPCounts:
         return self.forward_bytes + self.backward_bytes
 
 
-def tp_step_counts(n_layer: int, b: int, s: int, h: int, t: int, width: int = 4, *,
+def tp_step_counts(n_layer: int, b: int, s: int, h: int, t: int, itemsize: int = 4, *,
                    vocab: bool = True, sequence_parallel: bool = False,
                    sp_grad_numel: int = 0) -> TPCounts:
     """Collectives (calls) and bytes per rank of one forward + backward of pipelib's TP GPT.
@@ -76,18 +76,18 @@ def tp_step_counts(n_layer: int, b: int, s: int, h: int, t: int, width: int = 4,
     norms, row-parallel biases, positions: `sp_grad_numel` elements) get their gradients summed
     by one coalesced all-reduce after the backward pass.
     """
-    act = tp_layer_bytes(b, s, h, t, width)
+    act = tp_layer_bytes(b, s, h, t, itemsize)
     per = 2 if sequence_parallel else 1  # calls per all-reduce's worth of bytes
     fc = bc = 2 * n_layer * per
     fb = bb = 2 * n_layer * act
     if vocab:
         fc += per + 2
-        fb += act + tp_all_reduce_bytes(b * s, t, width) + tp_all_reduce_bytes(2 * b * s, t, width)
+        fb += act + tp_all_reduce_bytes(b * s, t, itemsize) + tp_all_reduce_bytes(2 * b * s, t, itemsize)
         bc += per
         bb += act
     if sequence_parallel and sp_grad_numel:
         bc += 1
-        bb += tp_all_reduce_bytes(sp_grad_numel, t, width)
+        bb += tp_all_reduce_bytes(sp_grad_numel, t, itemsize)
     return TPCounts(fc, bc, fb, bb)
 
 
@@ -96,23 +96,23 @@ class TPMilestone:
     """Seed 003's TP milestone, computed: the forward's all-reduces and their time on a link."""
 
     calls: int
-    tensor_bytes: int       # b s h width: one activation tensor
+    tensor_bytes: int       # b s h itemsize: one activation tensor
     bytes_per_call: int     # per rank, ring all-reduce: 2 (t-1)/t tensor_bytes
     forward_bytes: int      # per rank, the whole forward
     link_seconds: float     # forward's all-reduces on the link, alpha-beta
     share: float            # link_seconds / forward_seconds
 
 
-def tp_milestone(n_layer: int = 12, h: int = 512, b: int = 8, s: int = 512, t: int = 2, width: int = 2,
+def tp_milestone(n_layer: int = 12, h: int = 512, b: int = 8, s: int = 512, t: int = 2, itemsize: int = 2,
               *, alpha: float = 5e-6, beta: float = 32e9, forward_seconds: float = 0.050) -> TPMilestone:
     """Seed 003: '12 layers, d=512, batch 8, seq 512 gives 24 communications of ~4 MB, ~96 MB per
-    forward, about 6% of a 50 ms forward over PCIe'. It holds for 16-bit activations (width 2)
+    forward, about 6% of a 50 ms forward over PCIe'. It holds for 16-bit activations (itemsize 2)
     on t = 2 over PCIe 4.0 x16 (32 GB/s per direction, the default `beta`; `alpha` 5 us); over
     PCIe 5 (`pipelib.costmodel.LINKS["pcie5"]`, 50 GB/s) it is 4.5%. A ring all-reduce of n bytes
     takes 2 (t-1) alpha + 2 (t-1)/t n / beta."""
     calls = 2 * n_layer
-    tensor = b * s * h * width
-    per_call = tp_layer_bytes(b, s, h, t, width)
+    tensor = b * s * h * itemsize
+    per_call = tp_layer_bytes(b, s, h, t, itemsize)
     seconds = calls * (2 * (t - 1) * alpha + per_call / beta)
     return TPMilestone(calls, tensor, per_call, calls * per_call, seconds, seconds / forward_seconds)
 
@@ -130,7 +130,7 @@ def tp_activation_bytes(b: int, s: int, h: int, a: int, t: int = 1, *,
     return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 
 
-def tp_layer_activation_bytes(b: int, s: int, h: int, a: int, t: int = 1, width: int = 4, *,
+def tp_layer_activation_bytes(b: int, s: int, h: int, a: int, t: int = 1, itemsize: int = 4, *,
                               sequence_parallel: bool = False) -> int:
     """Bytes autograd saves in ONE block of pipelib's TP GPT on one rank (no dropout, written-out
     attention), op by op as `pipelib.memory.gpt_layer_activation_bytes` counts the unsharded one:
@@ -146,5 +146,5 @@ def tp_layer_activation_bytes(b: int, s: int, h: int, a: int, t: int = 1, width:
     the backward pass), reaching Korthikanti et al.'s (34 sbh + 5 a s^2 b) / t."""
     bsh, split = b * s * h, 12 * b * s * h + a * b * s * s
     if t == 1 or not sequence_parallel:
-        return width * (4 * bsh + split // t) + 16 * b * s
-    return width * (2 * bsh + (2 * bsh + split) // t) + 16 * b * s // t
+        return itemsize * (4 * bsh + split // t) + 16 * b * s
+    return itemsize * (2 * bsh + (2 * bsh + split) // t) + 16 * b * s // t

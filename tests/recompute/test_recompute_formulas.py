@@ -23,10 +23,10 @@ def test_gpt3_headline_70_percent_less_memory_for_under_3_percent_more_flops():
 def test_tiny_gpt_in_16_bit_with_byte_masks_is_megatrons_count_plus_layernorm_stats():
     cfg = GPTConfig(n_layer=2, dropout=0.1)
     b, s = 4, 64
-    ours = gpt_layer_activation_bytes(cfg, b, s, dtype_bytes=2, mask_bytes=1)
+    ours = gpt_layer_activation_bytes(cfg, b, s, itemsize=2, mask_bytes=1)
     assert ours == megatron_layer_activation_bytes(cfg, b, s) + 2 * 2 * b * s * 4
     # selective, in the same units: the core's 5 a s^2 b go, q, k, v were counted already
-    sel = selective_layer_bytes(cfg, b, s, dtype_bytes=2, mask_bytes=1)
+    sel = selective_layer_bytes(cfg, b, s, itemsize=2, mask_bytes=1)
     assert sel == 34 * s * b * cfg.n_embd + 2 * 2 * b * s * 4
 
 
