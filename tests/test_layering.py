@@ -107,16 +107,6 @@ def test_a_pure_module_that_imports_torch_or_the_runtime_is_caught(tmp_path):
 # ----------------------------------------------------------------------------- module state
 MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter", "deque"}
 
-# Module state another change is removing (groups go to the mesh / Device.groups, caches to the
-# runner's objects). Empty this list as each one goes.
-PENDING_STATE: frozenset = frozenset()  # the group and cache dicts went to the mesh and the Device
-# Tables that are only read, but could be written by mistake: freeze each one
-# (types.MappingProxyType, a tuple, a frozenset) and take it off this list.
-READ_ONLY = {
-    "pipelib/context_parallel/ring.py:_FIELDS", "pipelib/pipeline/handwritten.py:HAND_WRITTEN",
-    "pipelib/pipeline/torch_twin.py:TORCH_SCHEDULES",
-}
-
 
 def _module_statements(body):
     """The statements that run at import: the module's, and those inside its if/try/with/for."""
@@ -158,11 +148,8 @@ def module_state(root: pathlib.Path) -> dict[str, int]:
 
 def test_no_module_level_mutable_state():
     found = module_state(ROOT)
-    new = {k: line for k, line in found.items() if k not in PENDING_STATE | READ_ONLY}
-    assert not new, ("module-level dict/list/set: state belongs to an object (Device.groups, a "
-                     f"runner), a constant table to a tuple or MappingProxyType: {new}")
-    gone = (PENDING_STATE | READ_ONLY) - set(found)
-    assert not gone, f"fixed, so take them off PENDING_STATE/READ_ONLY in tests/test_layering.py: {gone}"
+    assert not found, ("module-level dict/list/set: state belongs to an object (Device.groups, a "
+                       f"runner), a constant table to a tuple, a frozenset or a MappingProxyType: {found}")
 
 
 def test_module_state_check_catches_a_cache(tmp_path):
@@ -177,12 +164,8 @@ def test_module_state_check_catches_a_cache(tmp_path):
 
 # ----------------------------------------------------------------------------- the device's own
 STRATEGIES = ("data_parallel", "tensor_parallel", "pipeline", "context_parallel", "recompute", "comm")
-DEVICE_CALLS = {"reset_counters", "fresh_memory"}
-DEVICE_FIELDS = {"memory", "profile"}
-
-# Strategy code that still resets counters or swaps the device's tracker and profile; another
-# change moves this into Device (a measurement scope). Empty this list as each one goes.
-PENDING_DEVICE: frozenset = frozenset()  # every runner measures through Device.measure/overrides
+DEVICE_CALLS = frozenset({"reset_counters", "fresh_memory"})
+DEVICE_FIELDS = frozenset({"memory", "profile"})
 
 
 def _targets(node):
@@ -229,11 +212,8 @@ def device_meddling(root: pathlib.Path) -> dict[str, list[int]]:
 
 def test_strategy_code_leaves_the_device_alone():
     found = device_meddling(ROOT)
-    new = {k: lines for k, lines in found.items() if k not in PENDING_DEVICE}
-    assert not new, ("strategy code resets counters or replaces the device's memory tracker, profile "
-                     f"or capacity; read counters as differences, and let Device do the rest: {new}")
-    gone = PENDING_DEVICE - set(found)
-    assert not gone, f"fixed, so take them off PENDING_DEVICE in tests/test_layering.py: {gone}"
+    assert not found, ("strategy code resets counters or replaces the device's memory tracker, profile "
+                       f"or capacity; read counters as differences, and let Device do the rest: {found}")
 
 
 def test_device_check_catches_a_strategy_that_resets_the_device(tmp_path):

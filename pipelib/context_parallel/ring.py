@@ -36,6 +36,8 @@ Introduced in chapter 17.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import contextlib
 
 import torch
@@ -49,7 +51,7 @@ from pipelib.context_parallel.partition import check_layout, shard_pieces, tile_
 from pipelib.runtime.device import current
 
 TAG_KV, TAG_KV_BACK, TAG_DKV = 170, 171, 172
-_FIELDS = {"stage": None, "microbatch": None}
+_FIELDS = MappingProxyType({"stage": None, "microbatch": None})
 
 
 def check_shards(name: str, q, k, v, group, layout: str | None) -> tuple[int, int, int]:
@@ -207,8 +209,3 @@ def ring_attention(q, k, v, group=None, *, layout: str = "zigzag", causal: bool 
     bounds the score block at tile^2 entries."""
     return RingAttention.apply(q, k, v, group, layout, causal, stats, tile)
 
-
-def ring_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
-    """Bytes one rank sends in ring attention: K/V blocks forward, K/V and dK/dV backward."""
-    block = 2 * batch * heads * shard_len * head_dim * itemsize
-    return {"forward": (n - 1) * block, "backward": (2 * n - 1) * block if n > 1 else 0}

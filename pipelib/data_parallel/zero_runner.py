@@ -123,9 +123,9 @@ def zero_train(spec: dict, stage: int, steps: int = 3, batch: int = 8, *, lr: fl
         zero = ZeRO(zero_model(spec), group, stage=stage, lr=lr, mixed_precision=mixed_precision)
         for x, y in zero_batches(spec, steps, batch, n, r):
             with dev.measure() as one:
-                with dev.compute("forward"):
+                with dev.compute("F"):
                     loss = zero_loss(zero, x, y)
-                with dev.compute("backward"):
+                with dev.compute("B"):
                     loss.backward()
                 grads_now = None
                 if len(losses) == steps - 1:

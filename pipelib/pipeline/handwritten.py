@@ -20,6 +20,8 @@ sends the gradient of its input, the shape of what it received, to the rank of s
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -33,9 +35,6 @@ from pipelib.pipeline.step import StepOptions, resolve_schedule
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
 from pipelib.trace import Trace
-
-__all__ = ["ShardedMLP", "naive_step", "gpipe_step", "HAND_WRITTEN", "train", "run_train",
-           "stage_flops", "stage_activation_bytes", "pipeline_trace"]
 
 _ACT, _GRAD = 0, 1  # message tags: activations flow up the ranks, gradients down
 
@@ -157,7 +156,8 @@ def gpipe_step(shard: ShardedMLP, x, y, num_microbatches: int):
     return torch.stack(losses).sum() if shard.stage.is_last else None
 
 
-HAND_WRITTEN = {naive: naive_step, gpipe: gpipe_step}  # generator -> its order written as a loop
+# generator -> its order written as a loop
+HAND_WRITTEN = MappingProxyType({naive: naive_step, gpipe: gpipe_step})
 
 
 def _check_train(num_stages, world_size: int, steps, schedule, hand_written: bool) -> None:

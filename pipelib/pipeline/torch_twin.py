@@ -25,6 +25,8 @@ Chapter 13 (pipelines IV: zero bubble, DualPipeV, against PyTorch).
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import csv
 import io
 
@@ -44,7 +46,7 @@ __all__ = ["TORCH_SCHEDULES", "check_torch_step", "prepare_torch_step", "torch_t
 # pipelib's schedule name -> torch's class (torch.distributed.pipelining), from each schedule's
 # registry entry (`ScheduleInfo.torch_class`). zb_h1 is torch's ZB1P with one stage per rank.
 # pipelib's naive has no torch counterpart, torch's LoopedBFS none in pipelib.
-TORCH_SCHEDULES = {name: info.torch_class for name, info in REGISTRY.items() if info.torch_class}
+TORCH_SCHEDULES = MappingProxyType({name: info.torch_class for name, info in REGISTRY.items() if info.torch_class})
 
 
 def _torch_name(schedule) -> str:

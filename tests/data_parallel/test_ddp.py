@@ -102,14 +102,8 @@ def test_gloo_switch_equals_pipelib_ring(cluster4):
     assert set(STEPS) == {"all_reduce", "buckets", "overlap", "no_sync", "torch"}
 
 
-@pytest.fixture(scope="module")
-def cpu2():
-    """Two real CPU engines (wall clock): the overlapped step's real lanes, a worker thread or gloo's."""
-    from pipelib.runtime.cluster import Cluster
-
-    c = Cluster(2, device="cpu", timeout=60)
-    yield c
-    c.stop()
+# cpu2 (tests/conftest.py): the session's two real CPU engines, for the overlapped step's real
+# lanes (a worker thread or gloo's)
 
 
 @pytest.mark.cluster
