@@ -6,7 +6,8 @@
 Design (DESIGN.md section 3):
 
 - lean: a threaded controller and engines without nannies, a private profile directory per
-  cluster (two clusters never see each other), everything bound to 127.0.0.1, a fast heartbeat;
+  cluster (two clusters never see each other), a fast heartbeat, nothing beyond loopback (and
+  torch.distributed meets at a file, no TCP store: `pipelib.runtime.rendezvous`);
 - one thread per engine (OMP/MKL/torch), so 4-8 engines share 2 cores sanely;
 - `torch.distributed` initialised on every engine (`pipelib.runtime.engine`): gloo for ``sim``
   and ``cpu``, NCCL for ``cuda`` (one GPU per rank);
@@ -31,7 +32,7 @@ import time
 
 import psutil
 
-from pipelib.runtime import engine, watchdog
+from pipelib.runtime import engine, rendezvous, watchdog
 from pipelib.runtime.args import DEFAULT_TIMEOUT, validate_args
 from pipelib.runtime.beacon import Activity
 from pipelib.runtime.progress import StartupProgress
@@ -66,8 +67,7 @@ class Cluster:
                  progress: bool | None = None):
         self.spec = validate_args(world_size, device, profile, clock, timeout, track_memory)
         self.world_size, self.timeout, self.start_timeout = world_size, float(timeout), start_timeout
-        self.client = self.view = self._ipp = self._watchdog = None
-        self._rundir = None
+        self.client = self.view = self._ipp = self._watchdog = self._rundir = None
         self._broken: str | None = None
         self.info: list[dict] = []
         self.startup_seconds: float | None = None
@@ -110,7 +110,7 @@ class Cluster:
         self.tag = os.path.basename(self._rundir)
         self._watchdog = watchdog.launch(self.tag, self._rundir)
         env = {watchdog.TAG_VAR: self.tag, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", **rendezvous.LOOPBACK_ENV}
         cfg = Config()
         cfg.LocalEngineSetLauncher.engine_args = [
             "--IPEngine.enable_nanny=False", f"--IPEngine.max_heartbeat_misses={ENGINE_MISSES}",
@@ -144,11 +144,11 @@ class Cluster:
         return self
 
     def _init_ranks(self) -> None:
-        port, epoch = engine.free_port(), time.time()
+        store, epoch = rendezvous.store_path(self._rundir), time.time()
         me = psutil.Process()
         ars = [
             self.client[eid].apply_async(
-                engine._engine_init, rank, self.world_size, port, self.spec, epoch,
+                engine._engine_init, rank, self.world_size, store, self.spec, epoch,
                 self._activity_path(rank), self.timeout, me.pid, me.create_time(),
                 [os.path.abspath(p or ".") for p in sys.path], os.getcwd())
             for rank, eid in enumerate(self._eids)

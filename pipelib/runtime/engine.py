@@ -3,7 +3,9 @@
 An engine is a bare ipyparallel kernel; `Cluster.start` turns it into rank r of world_size:
 same import path and working directory as the notebook, one thread (4-8 engines share 2 cores
 sanely), its `Device` (`pipelib.runtime.device.current()`), a thread that exits if the kernel
-disappears, then `torch.distributed` (gloo for ``sim`` and ``cpu``, NCCL for ``cuda``).
+disappears, then `torch.distributed` (gloo for ``sim`` and ``cpu``, NCCL for ``cuda``), meeting
+at a file in the cluster's run directory, with its sockets on loopback
+(`pipelib.runtime.rendezvous`).
 
 These functions are pickled by reference, so they live in a module the engines import at start
 (the cluster's `--IPEngine.startup_command` names this one). The notebook process imports it
@@ -19,17 +21,19 @@ import sys
 import time
 
 from pipelib.runtime.device import Device, current, set_current
+from pipelib.runtime.rendezvous import local_store
 from pipelib.runtime.watchdog import kernel_alive
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for torch.distributed's rendezvous."""
+    """A TCP port free on 127.0.0.1 now (bench/cluster_startup.py's reference cluster meets at
+    tcp://127.0.0.1:PORT; pipelib's own cluster opens no port for its rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, parent_pid, parent_ctime,
+def _engine_init(rank, world_size, store_path, spec, epoch, activity_path, timeout, parent_pid, parent_ctime,
                  sys_path, cwd):
     """Runs on each engine: import path, device, parent watch, then torch.distributed."""
     import gc
@@ -54,7 +58,7 @@ def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, pa
     threading.Thread(target=watch_parent, daemon=True, name="pipelib-parent-watch").start()
     backend = "nccl" if spec.kind == "cuda" else "gloo"
     with dev.activity.doing(f"init_process_group({backend})"):
-        dist.init_process_group(backend, store=_loopback_store(rank, world_size, port, timeout),
+        dist.init_process_group(backend, store=local_store(store_path, world_size, timeout),
                                 rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
     # torch's import leaves ~200k objects for every full collection to scan again (10-17 ms,
     # measured, on one rank in the middle of a pipeline step, where the others wait for it):
@@ -65,30 +69,6 @@ def _engine_init(rank, world_size, port, spec, epoch, activity_path, timeout, pa
         threading.Thread(target=_warm_flop_counter, daemon=True, name="pipelib-warm").start()
     return {"pid": os.getpid(), "host": socket.gethostname(), "backend": backend,
             "threads": torch.get_num_threads(), "device": str(dev.torch_device)}
-
-
-def _loopback_store(rank, world_size, port, timeout):
-    """torch.distributed's rendezvous store on 127.0.0.1:port, hosted by rank 0.
-
-    Given a tcp:// address, torch's store server listens on every interface ('::'), whatever
-    the address says; handed a socket already bound to loopback, it listens there only."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    wait = timedelta(seconds=timeout)
-    if rank != 0:
-        return dist.TCPStore("127.0.0.1", port, world_size, False, wait)
-    sock = socket.socket()
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return dist.TCPStore("127.0.0.1", port, world_size, True, wait, multi_tenant=True,
-                         master_listen_fd=sock.detach())
 
 
 def _warm_flop_counter():

@@ -93,8 +93,8 @@ def test_stalled_rank_times_out_naming_rank_and_activity(cluster4):
 
 
 def test_every_socket_of_the_cluster_is_on_loopback(cluster4):
-    """Controller and engines, the rendezvous store and gloo included: nothing is reachable from
-    another host (torch's store listens on every interface unless handed a loopback socket)."""
+    """Controller and engines, gloo's connections included: nothing is reachable from another
+    host (the rendezvous is a file, no socket; listening sockets alone: test_loopback.py)."""
     from pipelib.runtime.watchdog import tagged_processes
 
     cluster4.run(_allreduce_rank)  # gloo's connections made
