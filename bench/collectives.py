@@ -78,7 +78,7 @@ def _bench(sizes, fit_sizes, repeats):
                 out["race"][nb][name].append(timed(calls[name], x.clone()))
         for nb, (src, dst, u, v) in bufs.items():
             out["shift"][nb].append(timed(shift, src, dst))
-            out["add"][nb].append(timed(lambda: torch.add(u, v, out=u)))
+            out["add"][nb].append(timed(lambda: torch.add(u, v, out=u)))  # noqa: B023 (called here)
         current().tracer.clear()  # thousands of events are of no use here
     return out
 
@@ -98,7 +98,8 @@ def _fits(cluster, per_rank, fit_sizes, repeats):
     rows = {"ring_shift": [(nb, statistics.median(_slowest(per_rank, "shift", nb, repeats))) for nb in fit_sizes],
             "reduce": [(max(nb // 4, 1) * 4, statistics.median(_slowest(per_rank, "add", nb, repeats)))
                        for nb in fit_sizes],
-            "pingpong": [(r["bytes"], r["time"]) for r in cluster.run(lab.pingpong, fit_sizes, repeats, timeout=3000)[0]]}
+            "pingpong": [(r["bytes"], r["time"])
+                         for r in cluster.run(lab.pingpong, fit_sizes, repeats, timeout=3000)[0]]}
     fits = {}
     for name, pts in rows.items():
         alpha, beta = fit_alpha_beta([p[0] for p in pts], [p[1] for p in pts], relative=True)
@@ -110,7 +111,8 @@ def _table(n, sizes, repeats, per_rank, fits):
     from pipelib.comm.alphabeta import predicted_time
 
     gamma = 1 / fits["reduce"]["beta_Bps"]
-    models = {"pingpong": ("pingpong", 0.0), "ring_shift": ("ring_shift", 0.0), "ring_shift_gamma": ("ring_shift", gamma)}
+    models = {"pingpong": ("pingpong", 0.0), "ring_shift": ("ring_shift", 0.0),
+              "ring_shift_gamma": ("ring_shift", gamma)}
     table = []
     for nbytes in sizes:
         med = {k: statistics.median(_slowest(per_rank, "race", nbytes, repeats, k)) for k in VARIANTS}

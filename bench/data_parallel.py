@@ -93,8 +93,8 @@ def zero_part(n: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    from pipelib.model import GPTConfig
     from pipelib.memory import num_params
+    from pipelib.model import GPTConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 repeat of 3 steps, a smaller model")

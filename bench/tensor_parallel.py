@@ -45,7 +45,7 @@ def compare(cluster, cfg, b, s, t, sp, repeats, steps, whole) -> dict:
 
     per = {impl: [] for impl in IMPLS}          # median step per repeat
     paired = {impl: [] for impl in IMPLS[:2]}   # per-step ratios against DTensor, all repeats
-    for rep in range(repeats):
+    for _ in range(repeats):
         res = cluster.run(timed_tp_steps, cfg, b, s, t, IMPLS, steps=steps, warmup=1, sequence_parallel=sp,
                           whole=whole)
         times = res[0].stats["times"]

@@ -20,9 +20,8 @@ Introduced in chapter 04; the alpha-beta model is fitted to measurements in chap
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -70,7 +69,7 @@ class DeviceProfile:
     def message_time(self, nbytes: int) -> float:
         return self.link.time(nbytes)
 
-    def with_memory(self, nbytes: int) -> "DeviceProfile":
+    def with_memory(self, nbytes: int) -> DeviceProfile:
         return replace(self, memory=int(nbytes))
 
 
@@ -112,7 +111,7 @@ PROFILES = MappingProxyType({
 DEFAULT_PROFILE = "toy-gpu"
 
 
-def get_profile(profile: "str | DeviceProfile") -> DeviceProfile:
+def get_profile(profile: str | DeviceProfile) -> DeviceProfile:
     """Look up a preset by name (or pass a DeviceProfile through)."""
     if isinstance(profile, DeviceProfile):
         return profile

@@ -26,8 +26,8 @@ Introduced in chapter 15; the one-strategy chapters are 1-axis plans.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -104,7 +104,7 @@ class Plan:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> Plan:
         known = {f.name for f in dataclasses.fields(cls)}
         if set(d) - known:
             raise ValueError(f"Plan.from_dict: unknown keys {sorted(set(d) - known)}; use some of {sorted(known)}")

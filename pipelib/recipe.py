@@ -141,7 +141,7 @@ class Recipe:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Recipe":
+    def from_dict(cls, d: dict) -> Recipe:
         d = dict(d)
         model = dict(d.pop("model", {"kind": "gpt"}))
         kind = model.pop("kind", "gpt")

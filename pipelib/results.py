@@ -14,8 +14,8 @@ Introduced in chapter 10; every later chapter's "same as one process" check goes
 """
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Collection, Mapping, Sequence
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ class Topology:
                 "order": list(self.order)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Topology":
+    def from_dict(cls, d: dict) -> Topology:
         known = {"dp", "tp", "pp", "cp", "ep", "order"}
         extra = set(d) - known
         if extra:

@@ -13,9 +13,9 @@ Introduced in chapter 04.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
-from typing import Iterable, Iterator
 
 
 class Kind(str, Enum):
@@ -58,7 +58,7 @@ class Event:
     def duration(self) -> float:
         return self.end - self.start
 
-    def shifted(self, dt: float) -> "Event":
+    def shifted(self, dt: float) -> Event:
         return replace(self, start=self.start + dt, end=self.end + dt)
 
     def as_dict(self) -> dict:
@@ -154,7 +154,7 @@ class Trace:
     def span(self) -> float:
         return self.end - self.start
 
-    def filter(self, *, rank=None, kind=None, label=None, axis=None) -> "Trace":
+    def filter(self, *, rank=None, kind=None, label=None, axis=None) -> Trace:
         kinds = None if kind is None else {Kind(k) for k in (kind if isinstance(kind, (list, tuple, set)) else [kind])}
         evs = [
             e for e in self.events
@@ -183,7 +183,7 @@ class Trace:
         busy = sum(self.busy(r, kinds) for r in range(self.world_size))
         return 1.0 - busy / (self.world_size * span)
 
-    def first_ranks(self, n: int | None = None) -> "Trace":
+    def first_ranks(self, n: int | None = None) -> Trace:
         """The events of ranks 0..n-1 only (a pipeline on the first ranks of a larger cluster)."""
         n = self.world_size if n is None else n
         return Trace([e for e in self.events if e.rank < n], world_size=n)

@@ -4,7 +4,6 @@ import sys
 import uuid
 
 import pytest
-
 from leftovers import SESSION_VAR, cluster_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

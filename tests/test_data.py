@@ -5,8 +5,7 @@ import socket
 import pytest
 import torch
 
-from pipelib.data import (CharCorpus, CharTokenizer, MarkovChain, char_corpus, spirals,
-                          stdlib_text, zen_of_python)
+from pipelib.data import CharCorpus, CharTokenizer, MarkovChain, char_corpus, spirals, stdlib_text, zen_of_python
 
 
 @pytest.fixture(scope="module")

@@ -152,7 +152,8 @@ def lab(tmp_path_factory, chromium):
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"JupyterLab did not start:\n{(tmp / 'lab.log').read_text()[-3000:]}")
+                    log = (tmp / 'lab.log').read_text()[-3000:]
+                    raise AssertionError(f"JupyterLab did not start:\n{log}") from None
                 time.sleep(0.5)
         yield dict(base=base, token=token, root=root, log=tmp / "lab.log")
     finally:
@@ -200,12 +201,14 @@ STATE_JS = f"""path => {{
 }}"""
 
 # every drawn plotly figure of the notebook: title, and the bars' starts against the time axis
-FIGURES_JS = """() => Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')).map(gd => {
+FIGURES_JS = """() => Array.from(document.querySelectorAll(
+    '.jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot')).map(gd => {
   const bars = (gd._fullData || []).filter(t => t.type === 'bar' && t.orientation === 'h');
   const starts = [];
   for (const t of bars) {
     const n = (t.x || []).length;
-    for (let i = 0; i < n; i++) starts.push(Array.isArray(t.base) || ArrayBuffer.isView(t.base) ? Number(t.base[i]) : Number(t.base || 0));
+    const many = Array.isArray(t.base) || ArrayBuffer.isView(t.base);
+    for (let i = 0; i < n; i++) starts.push(many ? Number(t.base[i]) : Number(t.base || 0));
   }
   const xa = gd._fullLayout && gd._fullLayout.xaxis;
   const title = gd.layout && gd.layout.title ? (gd.layout.title.text || gd.layout.title) : '';
@@ -285,8 +288,9 @@ def _explorer_moves(page) -> None:
         has=page.locator("option", has_text="zb_h1")).first
     select.scroll_into_view_if_needed()
     box = select.locator("xpath=ancestor::div[contains(@class,'widget-vbox')][1]")
-    titles = lambda: box.evaluate(
-        "el => Array.from(el.querySelectorAll('.js-plotly-plot')).map(g => g.layout.title.text)")
+    def titles():
+        return box.evaluate(
+            "el => Array.from(el.querySelectorAll('.js-plotly-plot')).map(g => g.layout.title.text)")
     before = titles()
     assert before and "zb_h1" in before[0], f"the explorer's figures are not drawn: {before}"
     select.select_option("gpipe")

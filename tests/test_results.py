@@ -10,7 +10,7 @@ from pipelib.results import StepResult, check_against_reference, gather
 REF = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0])}
 
 
-def _ranks(a=REF["a"], b=REF["b"], loss=torch.tensor(0.5)):
+def _ranks(a=REF["a"], b=REF["b"], loss=torch.tensor(0.5)):  # noqa: B008 (never mutated)
     return [StepResult(None, {"a": a}), StepResult(loss, {"b": b}), None]
 
 

@@ -23,9 +23,8 @@ about these messages.
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import functools
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
@@ -57,7 +56,8 @@ def dtype_name(code: int) -> str:
 
 
 def device_counters(dev: Device) -> dict:
-    """This rank's payload bytes and messages, kept on its device; `Device.reset()` (and so `Cluster.reset()`) empties them."""
+    """This rank's payload bytes and messages, kept on its device (`Device.counters`);
+    `Device.reset()` (and so `Cluster.reset()`) empties them."""
     return dev.counters()
 
 

@@ -37,8 +37,15 @@ import torch
 import torch.distributed as dist
 
 from pipelib.checks import check_int, is_int_at_least
-from pipelib.comm.message import (DTYPE_CODE, DTYPES, HEADER_DTYPE, HEADER_LEN, Handle,
-                                  MessageMismatchError, device_counters)
+from pipelib.comm.message import (
+    DTYPE_CODE,
+    DTYPES,
+    HEADER_DTYPE,
+    HEADER_LEN,
+    Handle,
+    MessageMismatchError,
+    device_counters,
+)
 from pipelib.runtime.device import current
 from pipelib.trace import Kind
 

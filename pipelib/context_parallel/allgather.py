@@ -9,9 +9,9 @@ with one reduce-scatter. With N = B H c D itemsize, bytes sent per rank:
     forward  (n - 1) 2N  (all-gather of K/V)      backward  (n - 1) 2N  (reduce-scatter of dK/dV)
 
 The ring's bytes forward, fewer backward (4(n-1)N in all against the ring's (6n-4)N), and
-simple; but the rank must hold the whole sequence's K/V (2 n N bytes, growing with S, not S/n) and the gather is not overlapped with compute here. Llama 3
-chose it because with grouped-query attention K/V are small beside Q, and it makes masks of any
-shape (document masks) easy.
+simple; but the rank must hold the whole sequence's K/V (2 n N bytes, growing with S, not S/n)
+and the gather is not overlapped with compute here. Llama 3 chose it because with grouped-query
+attention K/V are small beside Q, and it makes masks of any shape (document masks) easy.
 
 Introduced in chapter 17.
 """
@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 
 from pipelib.comm.collectives import all_gather, reduce_scatter
-from pipelib.context_parallel.blockwise import (attend_pieces, attend_pieces_backward, attention_flops,
-                                                pieces_pairs)
+from pipelib.context_parallel.blockwise import attend_pieces, attend_pieces_backward, attention_flops, pieces_pairs
 from pipelib.context_parallel.partition import shard_pieces, tile_pieces
 from pipelib.context_parallel.ring import check_shards, held, score_bytes
 from pipelib.runtime.device import current

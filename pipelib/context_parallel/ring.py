@@ -36,17 +36,22 @@ Introduced in chapter 17.
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import contextlib
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
 
 from pipelib.comm import p2p
 from pipelib.comm.agreement import check_same
-from pipelib.context_parallel.blockwise import (attend_pieces, attend_pieces_backward, attention_flops,
-                                                 last_visible, merge_partials, pieces_pairs)
+from pipelib.context_parallel.blockwise import (
+    attend_pieces,
+    attend_pieces_backward,
+    attention_flops,
+    last_visible,
+    merge_partials,
+    pieces_pairs,
+)
 from pipelib.context_parallel.partition import check_layout, shard_pieces, tile_pieces, visible_pairs
 from pipelib.runtime.device import current
 
@@ -176,7 +181,7 @@ class RingAttention(torch.autograd.Function):
                 pairs += p
                 if d_hs:                                            # block src's accumulator, from the left
                     p2p.wait_all(d_hs)
-                    dkv = incoming
+                    dkv = incoming  # noqa: F821 (bound before the first wait: d_hs is empty until then)
                 if p:
                     dkv[0] += gk
                     dkv[1] += gv

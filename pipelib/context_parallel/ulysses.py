@@ -24,8 +24,7 @@ import torch.distributed as dist
 
 from pipelib.comm.collectives import all_to_all
 from pipelib.context_parallel.allgather import gathered_pieces
-from pipelib.context_parallel.blockwise import (attend_pieces, attend_pieces_backward, attention_flops,
-                                                pieces_pairs)
+from pipelib.context_parallel.blockwise import attend_pieces, attend_pieces_backward, attention_flops, pieces_pairs
 from pipelib.context_parallel.partition import tile_pieces
 from pipelib.context_parallel.ring import check_shards, held, score_bytes
 from pipelib.runtime.device import current
@@ -60,7 +59,8 @@ class UlyssesAttention(torch.autograd.Function):
                              f"ranks ({H} % {n} = {H % n}); use a number of ranks that divides the heads, "
                              f"or ring_attention, which shards the sequence only")
         dev, every = current(), tile_pieces(gathered_pieces(seq, n, layout, c), tile)
-        with held(2 * 3 * q.numel() * q.element_size() + score_bytes(q, every, q.shape[1] // n), "Ulysses Q, K, V and scores"):
+        qkv_bytes = 2 * 3 * q.numel() * q.element_size()
+        with held(qkv_bytes + score_bytes(q, every, q.shape[1] // n), "Ulysses Q, K, V and scores"):
             qf, kf, vf = _seq_to_heads(torch.stack([q, k, v]).detach(), n, group)
             p = pieces_pairs(every, every, causal)
             with dev.compute("F", flops=attention_flops(p, B, H // n, D)):
@@ -76,7 +76,7 @@ class UlyssesAttention(torch.autograd.Function):
     def backward(ctx, dout):
         qf, kf, vf, of, lse = ctx.saved_tensors
         group, causal, every, n, p, me = ctx.setup
-        dev, (B, h, S, D) = current(), qf.shape
+        dev, (B, h, _, D) = current(), qf.shape
         with held(4 * qf.numel() * qf.element_size() + score_bytes(qf, every), "Ulysses gradients and scores"):
             dof = _seq_to_heads(dout.contiguous().unsqueeze(0), n, group)[0]
             with dev.compute("B", flops=attention_flops(p, B, h, D, backward=True)):

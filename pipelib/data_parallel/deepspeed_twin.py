@@ -75,7 +75,7 @@ def _worker(rank, world_size, port, job, out_path):
     logger.setLevel(logging.ERROR)
     if not job["build_shm"]:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    from pipelib.data_parallel.zero_runner import zero_model, zero_loss, zero_batches
+    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
 
     model = zero_model(job["model"])
     t0 = time.perf_counter()
@@ -91,13 +91,15 @@ def _worker(rank, world_size, port, job, out_path):
         loss = zero_loss(engine, x, y)
         engine.backward(loss)
         if step == 0:
-            grads = {n: safe_get_full_grad(p).detach().float().clone() for n, p in zip(names, engine.module.parameters())}
+            grads = {n: safe_get_full_grad(p).detach().float().clone()
+                     for n, p in zip(names, engine.module.parameters())}
         engine.step()
         times.append(time.perf_counter() - t)
         mean = loss.detach().float().clone()
         torch.distributed.all_reduce(mean)  # the global batch's loss, for the curve (not timed)
         losses.append(mean.item() / world_size)
-    params = {n: safe_get_full_fp32_param(p).detach().float().clone() for n, p in zip(names, engine.module.parameters())}
+    params = {n: safe_get_full_fp32_param(p).detach().float().clone()
+              for n, p in zip(names, engine.module.parameters())}
     inner = engine.optimizer.optimizer  # torch's Adam, on this rank's fp32 partition
     state = {"partition": sum(p.numel() for g in inner.param_groups for p in g["params"]),
              "adam_moments": sum(v.numel() for st in inner.state.values() for k, v in st.items()

@@ -29,7 +29,7 @@ def fsdp_train(spec: dict, steps: int = 3, batch: int = 8, *, lr: float = 1e-3, 
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    from pipelib.data_parallel.zero_runner import zero_model, zero_loss, zero_batches
+    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
     from pipelib.data_parallel.zero_units import layer_units
 
     n, r = dist.get_world_size(group), dist.get_rank(group)

@@ -12,8 +12,9 @@ Introduced in chapter 15.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import MappingProxyType
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 
 class DataParallelKind(NamedTuple):

@@ -12,8 +12,9 @@ Introduced in chapter 07.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from types import MappingProxyType
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 

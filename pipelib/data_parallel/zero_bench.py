@@ -27,7 +27,7 @@ def zero_bench_setup(spec: dict, batch: int, lr: float = 1e-3, group=None) -> in
     from torch.distributed.fsdp import fully_shard
 
     from pipelib.data_parallel.zero import ZeRO
-    from pipelib.data_parallel.zero_runner import zero_model, zero_batches
+    from pipelib.data_parallel.zero_runner import zero_batches, zero_model
     from pipelib.data_parallel.zero_units import layer_units
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from pipelib.results import StepResult
 
+
 def zero_model(spec: dict) -> torch.nn.Module:
     """pipelib's MLP or GPT from a spec dict (keys of MLPConfig / GPTConfig, "kind", "seed")."""
     from pipelib.model import GPT, MLP, GPTConfig, MLPConfig

@@ -55,7 +55,7 @@ def _caches() -> tuple:
     out, base = [], "/sys/devices/system/cpu/cpu0/cache"
     for i in range(8):
         try:
-            read = lambda f: open(f"{base}/index{i}/{f}").read().strip()  # noqa: E731
+            read = lambda f: open(f"{base}/index{i}/{f}").read().strip()  # noqa: E731, B023
             level, kind, size = int(read("level")), read("type"), read("size")
         except OSError:
             break

@@ -66,12 +66,12 @@ class Roofline:
         return "memory-bound" if intensity < self.ridge else "compute-bound"
 
     @classmethod
-    def from_ops(cls, name: str, compute_ops, memory_ops) -> "Roofline":
+    def from_ops(cls, name: str, compute_ops, memory_ops) -> Roofline:
         """The measured roofline: best FLOP/s of `compute_ops`, best bytes/s of `memory_ops`."""
         return cls(name, max(o.achieved for o in compute_ops), max(o.bandwidth for o in memory_ops))
 
     @classmethod
-    def from_profile(cls, name: str) -> "Roofline":
+    def from_profile(cls, name: str) -> Roofline:
         """A published roofline from `costmodel.PROFILES` (e.g. "h100": BF16 dense, HBM3)."""
         p = PROFILES[name]
         return cls(f"{name} (published)", p.flops, p.mem_bandwidth)

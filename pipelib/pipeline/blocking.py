@@ -23,17 +23,17 @@ Introduced in chapter 12.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipelib.comm import p2p as comms
+from pipelib.pipeline.schedules import Op, Schedule, validate
+from pipelib.pipeline.stage import Stage, partition, split_into_stages
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
-from pipelib.pipeline.stage import Stage, partition, split_into_stages
-from pipelib.pipeline.schedules import Op, Schedule, validate
 
 __all__ = ["check_blocking", "execute_blocking", "stage_input_shapes", "train_step_blocking"]
 

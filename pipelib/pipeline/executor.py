@@ -30,16 +30,17 @@ schedules through this same function.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from pipelib.checks import check_int
 from pipelib.comm import p2p as comms
-from pipelib.runtime.device import current
 from pipelib.pipeline.schedules import Op, Schedule, validate
 from pipelib.pipeline.shapes import cached_shapes
+from pipelib.runtime.device import current
 
 __all__ = ["execute"]
 

@@ -20,19 +20,19 @@ Introduced in chapter 12.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipelib.comm import p2p as comms
+from pipelib.pipeline.blocking import ACT, GRAD, stage_input_shapes
+from pipelib.pipeline.schedules import Action, Op, one_f_one_b
+from pipelib.pipeline.stage import Stage, partition, split_into_stages
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
-from pipelib.pipeline.blocking import ACT, GRAD, stage_input_shapes
-from pipelib.pipeline.stage import Stage, partition, split_into_stages
-from pipelib.pipeline.schedules import Action, Op, one_f_one_b
 
 __all__ = ["PAIRED_MODES", "Msg", "paired_program", "pipe_exchange", "execute_paired",
            "predict_paired", "train_step_paired"]

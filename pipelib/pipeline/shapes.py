@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 from pipelib.comm import p2p as comms
-from pipelib.runtime.device import current
 from pipelib.pipeline.schedules import Schedule
+from pipelib.runtime.device import current
 
 __all__ = ["exchange_shapes", "cached_shapes"]
 

@@ -14,12 +14,23 @@ Introduced in chapter 10; the closed forms are derived in chapters 11 to 13.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping
 
 from pipelib.pipeline.schedules import (
-    Action, Op, Schedule, ScheduleDeadlock, action_key, action_messages, as_schedule,
-    check_channels, check_counts, check_placement, deadlock_message, dependencies, schedule_info,
+    Action,
+    Op,
+    Schedule,
+    ScheduleDeadlock,
+    action_key,
+    action_messages,
+    as_schedule,
+    check_channels,
+    check_counts,
+    check_placement,
+    deadlock_message,
+    dependencies,
+    schedule_info,
 )
 from pipelib.trace import Event, Kind, Trace
 
@@ -73,7 +84,7 @@ class Costs:
     def message(self) -> float:
         return self.p2p(self.message_bytes) if callable(self.p2p) else float(self.p2p)
 
-    def scaled(self, factor: float) -> "Costs":
+    def scaled(self, factor: float) -> Costs:
         """Compute costs times `factor` (activation bytes too): one of v chunks is 1/v of a stage."""
         return replace(self, F=self.F * factor, B=self.B * factor, I=self.I * factor,
                        W=self.W * factor, activation_bytes=int(self.activation_bytes * factor))

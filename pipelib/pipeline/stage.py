@@ -18,8 +18,8 @@ Introduced in chapter 10 (split, F, B) and chapter 13 (I, W).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn

@@ -25,10 +25,9 @@ Chapter 13 (pipelines IV: zero bubble, DualPipeV, against PyTorch).
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import csv
 import io
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist

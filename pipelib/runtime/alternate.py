@@ -19,7 +19,7 @@ Introduced in chapter 07.
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist

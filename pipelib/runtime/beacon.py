@@ -49,7 +49,7 @@ class Activity:
             self.map[8:] = _encoded(text)
             self._STAMP.pack_into(self.map, 0, time.time())
 
-    def doing(self, text: str) -> "_Doing":
+    def doing(self, text: str) -> _Doing:
         """Context manager: the beacon says `text` inside, what it said before after."""
         return _Doing(self, text)
 

@@ -241,7 +241,8 @@ def current() -> Device:
 
     On the book's engines it is set up when the Cluster starts. Anywhere else (a library user's
     torchrun or torch.multiprocessing job, a test) it is the real device, made on first use:
-    this rank's GPU under NCCL (or with no process group) when CUDA is available, else the CPU, with real time, no simulated capacity,
+    this rank's GPU under NCCL (or with no process group) when CUDA is available, else the CPU,
+    with real time, no simulated capacity,
     and measurement off (no events recorded, no activation hooks) until asked for with
     `set_current(Device(..., DeviceSpec("cpu", track_memory=True)))`. Never a simulated toy GPU
     nobody asked for."""

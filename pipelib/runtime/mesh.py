@@ -35,7 +35,7 @@ class Mesh:
             raise TypeError(f"Mesh: pass a pipelib.topology.Topology, not {type(topology).__name__}")
         self.topology, self.dev = topology, device or current()
         world = dist.get_world_size()
-        topology.check_world(world, f"the process group's world")
+        topology.check_world(world, "the process group's world")
         self.global_rank = dist.get_rank()
         self._groups: dict[str, object] = {}
         for axis in topology.used:  # one order on every rank
@@ -52,7 +52,7 @@ class Mesh:
                                       if self.global_rank < topology.world_size else None)
 
     @classmethod
-    def first(cls, size: int, axis: str = "dp", *, device=None) -> "Mesh":
+    def first(cls, size: int, axis: str = "dp", *, device=None) -> Mesh:
         """A 1-axis mesh over ranks 0..size-1 of the world (the one-strategy chapters: DDP on 2 of
         4 engines). Ranks beyond it hold no groups (`mesh.contains` is False)."""
         return cls(Topology(**{axis: size}), device=device)

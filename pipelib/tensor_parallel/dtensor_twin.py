@@ -23,12 +23,11 @@ collectives, DTensor.
 """
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 
-from pipelib.results import StepResult
 from pipelib.recipe import as_dtype
+from pipelib.results import StepResult
 
 IMPLS = ("pipelib", "pipelib-torch", "dtensor")
 
@@ -57,8 +56,7 @@ def tp_blocks_reference(config, b: int, s: int, *, dtype: str = "float32", seed:
 
 def _dtensor_tp_blocks(model, group, sequence_parallel: bool):
     from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     from pipelib.runtime.mesh import device_mesh
     from pipelib.tensor_parallel.layers import tp_shard_rows
@@ -122,7 +120,7 @@ def _gather_tp_seq(x, group):
 
 
 def _tp_step(config, b, s, t, impl, sequence_parallel, dtype, seed, data_seed):
-    from pipelib.tensor_parallel.apply import tp_full_gradients, sync_sequence_grads, tp_unshard
+    from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients, tp_unshard
 
     model, group = _tp_build(config, t, impl, sequence_parallel, dtype, seed)
     if model is None:
@@ -166,8 +164,13 @@ def _dtensor_tp_gpt(model, group, sequence_parallel: bool):
     `loss_parallel`), the tie restored on the shard; under sequence parallelism the embedding's
     output and the positions are sequence shards and ln_f a SequenceParallel norm."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     mesh = _dtensor_tp_blocks(model, group, sequence_parallel).tp_mesh
     seq = Shard(1) if sequence_parallel else Replicate()

@@ -20,8 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pipelib.tensor_parallel.ops import (TPComm, copy_to_tp, gather_sequence, reduce_from_tp,
-                                         scatter_sequence)
+from pipelib.tensor_parallel.ops import TPComm, copy_to_tp, gather_sequence, reduce_from_tp, scatter_sequence
 
 
 def tp_shard_rows(w: torch.Tensor, t: int, r: int, fused: int = 1) -> torch.Tensor:
@@ -63,7 +62,8 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)  # (B, T, out / t)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features} (of {self.out_features * self.comm.size})"
+        whole = self.out_features * self.comm.size
+        return f"in_features={self.in_features}, out_features={self.out_features} (of {whole})"
 
 
 class RowParallelLinear(nn.Module):
@@ -92,7 +92,8 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features} (of {self.in_features * self.comm.size}), out_features={self.out_features}"
+        whole = self.in_features * self.comm.size
+        return f"in_features={self.in_features} (of {whole}), out_features={self.out_features}"
 
 
 def gather_sequence_before(module: nn.Module, comm: TPComm, label: str) -> None:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from pipelib.recipe import as_dtype
 from pipelib.results import StepResult
 
+
 def tp_group(t: int):
     """This rank's group of ranks 0..t-1 (`Mesh.first(t, "tp")`: made once per engine, by every
     rank in the same order); None on ranks outside it."""
@@ -95,7 +96,7 @@ def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_paralle
     stats: `logits` (gathered), `sp_grad_numel` (elements of the sequence-parallel gradient
     all-reduce), `local_params` (this rank's parameter elements), `activation_bytes` (what
     autograd saved for backward on this rank, measured by its device's memory tracker)."""
-    from pipelib.tensor_parallel.apply import tp_full_gradients, sync_sequence_grads
+    from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients
     from pipelib.tensor_parallel.plan import check_sequence_divisible
 
     model, group = build_tp_gpt(config, t, plan=plan, sequence_parallel=sequence_parallel, vocab=vocab,

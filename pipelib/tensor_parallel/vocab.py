@@ -22,8 +22,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipelib.tensor_parallel.layers import _tp_param
-from pipelib.tensor_parallel.ops import (TPComm, all_reduce_tp, copy_to_tp, gather_sequence,
-                                         reduce_from_tp, scatter_sequence, seq_shard)
+from pipelib.tensor_parallel.ops import (
+    TPComm,
+    all_reduce_tp,
+    copy_to_tp,
+    gather_sequence,
+    reduce_from_tp,
+    scatter_sequence,
+    seq_shard,
+)
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -9,9 +9,8 @@ Pure: plotly only, no torch.distributed, no runtime. Introduced in chapter 07.
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import math
+from types import MappingProxyType
 
 import plotly.graph_objects as go
 

@@ -26,13 +26,12 @@ Introduced in chapter 04.
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import hashlib
 import inspect
 import json
 import math
 from dataclasses import dataclass
+from types import MappingProxyType
 
 CONFIG = MappingProxyType({"displaylogo": False, "responsive": True})
 UNITS = MappingProxyType({"s": ("s", 1.0), "ms": ("ms", 1e3), "us": ("µs", 1e6), "µs": ("µs", 1e6)})

@@ -15,9 +15,8 @@ Who sends which K/V block to whom, step by step, is `pipelib.viz.comm.collective
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import math
+from types import MappingProxyType
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -68,7 +67,8 @@ def overlap_figure(rows: list[dict], crossover: float, title: str = "Transfer hi
     return fig
 
 
-def context_figure(measured: dict[int, int], model: dict[int, int], title: str = "Longest context that fits") -> go.Figure:
+def context_figure(measured: dict[int, int], model: dict[int, int],
+                   title: str = "Longest context that fits") -> go.Figure:
     """Longest sequence per number of ranks: the model's line and the live runs' points."""
     fig = go.Figure()
     ks = sorted(model)

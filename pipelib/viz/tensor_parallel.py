@@ -31,7 +31,8 @@ def tp_split_figure(rows: int, cols: int, t: int, title: str = "Who holds which 
     scale = [[i / max(t - 1, 1), RANK_COLORS[i % len(RANK_COLORS)]] for i in range(t)]
     for k, owner in enumerate((col_owner, row_owner)):
         fig.add_trace(go.Heatmap(z=owner, text=[[f"rank {v}" for v in row] for row in owner],
-                                 texttemplate="%{text}", colorscale=scale if t > 1 else [[0, RANK_COLORS[0]], [1, RANK_COLORS[0]]],
+                                 texttemplate="%{text}",
+                                 colorscale=scale if t > 1 else [[0, RANK_COLORS[0]], [1, RANK_COLORS[0]]],
                                  showscale=False, zmin=0, zmax=max(t - 1, 1), xgap=2, ygap=2,
                                  hovertemplate="row %{y}, column %{x}: %{text}<extra></extra>"), 1, k + 1)
     fig.update_yaxes(autorange="reversed", title="output feature")

@@ -25,7 +25,14 @@ import plotly.graph_objects as go
 
 from pipelib.trace import Kind, Trace
 from pipelib.viz.display import (
-    Units, nice_cuts, plain_number, play_controls, rounder, short_number, time_title, time_unit,
+    Units,
+    nice_cuts,
+    plain_number,
+    play_controls,
+    rounder,
+    short_number,
+    time_title,
+    time_unit,
 )
 
 KIND_COLORS = MappingProxyType({
@@ -164,7 +171,8 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     keys = [_order(_groups(t, show_kinds)) for t in traces]
     fig = go.Figure([bar for i, (t, r, k) in enumerate(zip(traces, rows, keys))
                      for bar in _bars(t, show_kinds, unit, scale, rnd, names=r, keys=k, faded=i == 1)])
-    idle_bars = "".join(f" and {name} bars" for kind, name in ((Kind.RECV_WAIT, "recv-wait"), (Kind.COLLECTIVE, "collective"))
+    idle_bars = "".join(f" and {name} bars"
+                        for kind, name in ((Kind.RECV_WAIT, "recv-wait"), (Kind.COLLECTIVE, "collective"))
                         if kind in show_kinds)
     steps = " · ".join(f"{g + ' ' if overlay is not None else ''}{short_number(t.span * scale)} {unit}"
                        for t, g in zip(traces, groups))
@@ -178,7 +186,8 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     )
     if animate and trace.events:
         cuts = nice_cuts(span * scale, frames)  # in axis units
-        fig.frames = [go.Frame(data=[b for t, k in zip(traces, keys) for b in _widths(t, show_kinds, c / scale, scale, rnd, k)],
+        fig.frames = [go.Frame(data=[b for t, k in zip(traces, keys)
+                                     for b in _widths(t, show_kinds, c / scale, scale, rnd, k)],
                                traces=list(range(len(fig.data))), name=f"{i}") for i, c in enumerate(cuts)]
         play_controls(fig, [f"{i}" for i in range(len(cuts))], [plain_number(c) for c in cuts], "t = ", f" {unit}")
     return fig

@@ -1,10 +1,10 @@
 """The all-reduces to choose from (halving/doubling, hierarchical), the tree gather and scatter
 and the barrier, against gloo's built-ins; exact bytes; the alpha-beta time on the sim device."""
 import pytest
+from subgroups import group as _group  # tests/comm/subgroups.py
 
 from pipelib.comm.alphabeta import expected_bytes, predicted_time
 from pipelib.runtime.errors import RankError
-from subgroups import group as _group  # tests/comm/subgroups.py
 
 pytestmark = pytest.mark.cluster
 

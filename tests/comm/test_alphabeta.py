@@ -83,7 +83,8 @@ def test_compare_is_measured_over_predicted():
 
 def test_bus_bandwidth_factors_are_nccl_tests():
     assert alphabeta.bus_bandwidth_factor("all_reduce", 4) == 1.5
-    assert alphabeta.bus_bandwidth_factor("all_gather", 8) == alphabeta.bus_bandwidth_factor("reduce_scatter", 8) == 7 / 8
+    factor = alphabeta.bus_bandwidth_factor
+    assert factor("all_gather", 8) == factor("reduce_scatter", 8) == 7 / 8
     assert alphabeta.bus_bandwidth_factor("broadcast", 8) == 1.0
     with pytest.raises(ValueError, match="unknown collective"):
         alphabeta.bus_bandwidth_factor("allreduce", 4)

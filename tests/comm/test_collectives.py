@@ -1,11 +1,11 @@
 """Every from-scratch collective against gloo's built-in, on the world and on sub-groups;
 exact byte counts; alpha-beta time exact on the simulated device; mismatches as clear errors."""
 import pytest
+from subgroups import group as _group  # tests/comm/subgroups.py
 
 from pipelib.comm import collectives as C
 from pipelib.comm.alphabeta import expected_bytes, predicted_time
 from pipelib.runtime.errors import RankError
-from subgroups import group as _group  # tests/comm/subgroups.py
 
 pytestmark = pytest.mark.cluster
 
@@ -91,7 +91,6 @@ def test_multi_dimensional_and_non_contiguous(cluster4):
 
 def _timed(name, numel):
     import torch
-    import torch.distributed as dist
 
     from pipelib.runtime.device import current
 
@@ -183,7 +182,8 @@ def _one(name):
         getattr(C, name)(x)
 
 
-@pytest.mark.parametrize("name", ["all_reduce", "all_reduce_naive", "all_gather", "broadcast", "reduce_scatter", "all_to_all"])
+@pytest.mark.parametrize("name", ["all_reduce", "all_reduce_naive", "all_gather", "broadcast", "reduce_scatter",
+                                  "all_to_all"])
 def test_replay_from_the_trace_ends_where_the_collective_promises(cluster4, name):
     from pipelib.viz import comm as viz_comms
 
@@ -226,8 +226,8 @@ def _segmented(ranks, cases):
             dist.all_reduce(ref, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=g)
             ref = ref / n if op == "avg" else ref
             for name, got, want in (
-                    ("all_reduce", lambda: C.all_reduce(x.clone(), op, g, segment_bytes=seg), ref),
-                    ("reduce_scatter", lambda: C.reduce_scatter(x, op, g, segment_bytes=seg),
+                    ("all_reduce", lambda: C.all_reduce(x.clone(), op, g, segment_bytes=seg), ref),  # noqa: B023
+                    ("reduce_scatter", lambda: C.reduce_scatter(x, op, g, segment_bytes=seg),  # noqa: B023
                      torch.tensor_split(ref, n)[me])):
                 comms.reset_counters()
                 y = got()
@@ -303,7 +303,8 @@ def _bad_args(kind):
 
 
 @pytest.mark.parametrize("kind,pattern", [
-    ("segment", r"all_reduce: segment_bytes=-1; pass an integer >= 0 \(bytes per ring message; 0 = one message per chunk"),
+    ("segment", r"all_reduce: segment_bytes=-1; pass an integer >= 0 "
+                r"\(bytes per ring message; 0 = one message per chunk"),
     ("name", r"unknown collective 'allreduce'"),
 ])
 def test_bad_arguments_are_value_errors(cluster4, kind, pattern):

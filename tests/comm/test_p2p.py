@@ -52,7 +52,8 @@ def _mismatch(numel, dtype):
     (10, "int32", "expected 10 elements of int32 \\(10,\\), but rank 0 sent 10 elements of float32"),
 ])
 def test_mismatched_message_is_an_error_not_a_crash(cluster4, numel, dtype, pattern):
-    with pytest.raises(RankError, match="rank 1 raised MessageMismatchError: rank 1: recv: receive from rank 0 " + pattern) as err:
+    expected = "rank 1 raised MessageMismatchError: rank 1: recv: receive from rank 0 " + pattern
+    with pytest.raises(RankError, match=expected) as err:
         cluster4.run(_mismatch, numel, dtype)
     assert list(err.value.errors) == [1]  # the sender finished: the message was drained
     assert cluster4.run(_mismatch, 10, "float32") == [0, 1, 2, 3]  # and the link is clean

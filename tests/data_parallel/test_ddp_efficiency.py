@@ -3,8 +3,15 @@ exactly; the formulas behave as chapter 07 says (psi cancels in the bandwidth te
 import pytest
 
 from pipelib.costmodel import get_profile
-from pipelib.data_parallel.efficiency import (DDPStep, all_reduce_time, crossover_params, ddp_step_model,
-                                              scaled_profile, step_parts, two_ranks_slower)
+from pipelib.data_parallel.efficiency import (
+    DDPStep,
+    all_reduce_time,
+    crossover_params,
+    ddp_step_model,
+    scaled_profile,
+    step_parts,
+    two_ranks_slower,
+)
 from pipelib.model import GPTConfig
 from pipelib.trace import Event, Kind, Trace
 

@@ -1,8 +1,13 @@
 """ZeRO's formulas (pure): the paper's numbers, seed 003's milestone, padding, errors, figures."""
 import pytest
 
-from pipelib.data_parallel.zero_formulas import (check_stage, milestone_table, padded_numel,
-                                                 zero_comm_bytes, zero_state_bytes)
+from pipelib.data_parallel.zero_formulas import (
+    check_stage,
+    milestone_table,
+    padded_numel,
+    zero_comm_bytes,
+    zero_state_bytes,
+)
 
 
 def test_the_papers_table_and_seed_003s_milestone():

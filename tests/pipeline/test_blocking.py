@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from pipelib.model import MLP, MLPConfig
-from pipelib.pipeline.stage import split_into_stages
-from pipelib.pipeline.step import monolith_step, run_train_step
 from pipelib.pipeline.blocking import check_blocking, stage_input_shapes, train_step_blocking
 from pipelib.pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble_h1
 from pipelib.pipeline.simulate import Costs
+from pipelib.pipeline.stage import split_into_stages
+from pipelib.pipeline.step import monolith_step, run_train_step
 from pipelib.results import check_against_reference
 
 CFG = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=4)

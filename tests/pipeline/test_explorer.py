@@ -4,9 +4,7 @@ import re
 
 import pytest
 
-from pipelib.pipeline.explorer import (
-    Setting, explorer, explorer_figures, explorer_sweep, predict, summary_html,
-)
+from pipelib.pipeline.explorer import Setting, explorer, explorer_figures, explorer_sweep, predict, summary_html
 from pipelib.pipeline.schedules import GENERATORS, REGISTRY
 from pipelib.pipeline.simulate import bubble_closed_form
 from pipelib.trace import Event, Kind, Trace

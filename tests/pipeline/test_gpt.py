@@ -5,11 +5,16 @@ import torch
 
 from pipelib.model import GPT, GPTConfig
 from pipelib.pipeline.gpt import (
-    PIPELINE_GPT, check_gpt_step, gpt_monolith_step, gpt_stages, gpt_train_step,
-    run_gpt_train_step, tied_ranks,
+    PIPELINE_GPT,
+    check_gpt_step,
+    gpt_monolith_step,
+    gpt_stages,
+    gpt_train_step,
+    run_gpt_train_step,
+    tied_ranks,
 )
-from pipelib.pipeline.step import resolve_schedule
 from pipelib.pipeline.simulate import Costs
+from pipelib.pipeline.step import resolve_schedule
 from pipelib.results import check_against_reference
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("one_thread")]  # small models: 1 thread

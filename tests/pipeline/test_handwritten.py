@@ -6,13 +6,13 @@ import torch
 from torch.testing import assert_close
 
 from pipelib import memory
-from pipelib.pipeline import handwritten as sharded
 from pipelib.costmodel import get_profile
 from pipelib.data import spirals
 from pipelib.model import MLP, MLPConfig
-from pipelib.pipeline.step import run_train_step
+from pipelib.pipeline import handwritten as sharded
 from pipelib.pipeline.schedules import gpipe, naive
 from pipelib.pipeline.simulate import Costs, simulate
+from pipelib.pipeline.step import run_train_step
 from pipelib.results import check_against_reference
 from pipelib.trace import Kind
 from pipelib.train import train_mlp
@@ -59,7 +59,8 @@ class NoCluster:
     ({"schedule": "1f1b", "hand_written": True}, r"hand_written=True knows schedules \['gpipe', 'naive'\], not '1f1b'"),
     ({"schedule": "2f2b"}, r"unknown schedule '2f2b'"),
     ({"schedule": "gpipe", "num_microbatches": 5, "batch_size": 24}, r"24 rows cannot be split into m=5"),
-    ({"balance": [1, 1, 1, 1]}, r"balance=\[1, 1, 1, 1\] must list num_stages=4 positive layer counts summing to num_layers=6"),
+    ({"balance": [1, 1, 1, 1]},
+     r"balance=\[1, 1, 1, 1\] must list num_stages=4 positive layer counts summing to num_layers=6"),
 ])
 def test_bad_input_fails_before_any_engine_work(kw, match):
     with pytest.raises(ValueError, match=match):

@@ -2,9 +2,7 @@
 depth first (N = p: interleaved 1F1B) to breadth first (N = m: looped BFS's forward order)."""
 import pytest
 
-from pipelib.pipeline.schedules import (
-    Op, interleaved_1f1b, llama3_interleaved, looped_bfs, make_schedule, validate,
-)
+from pipelib.pipeline.schedules import Op, interleaved_1f1b, llama3_interleaved, looped_bfs, make_schedule, validate
 from pipelib.pipeline.simulate import Costs, simulate
 
 CASES = [(p, m, v) for p in (1, 2, 3, 4) for m in (1, 2, 4, 6, 8, 12) for v in (1, 2, 3)]

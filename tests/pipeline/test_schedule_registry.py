@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelib.pipeline.schedules import (
-    ALIASES, GENERATORS, REGISTRY, Op, make_schedule, schedule_info, validate,
-)
+from pipelib.pipeline.schedules import ALIASES, GENERATORS, REGISTRY, Op, make_schedule, schedule_info, validate
 from pipelib.pipeline.schedules.build import looped_placement, v_placement
 from pipelib.pipeline.simulate import Costs, bubble_closed_form, simulate
 

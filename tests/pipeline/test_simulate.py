@@ -2,8 +2,19 @@
 import pytest
 
 from pipelib.pipeline.schedules import (
-    Action, Op, ScheduleDeadlock, as_schedule, dualpipe_v, gpipe, interleaved_1f1b, looped_bfs, naive,
-    one_f_one_b, zbv, zero_bubble_h1, zero_bubble_h2,
+    Action,
+    Op,
+    ScheduleDeadlock,
+    as_schedule,
+    dualpipe_v,
+    gpipe,
+    interleaved_1f1b,
+    looped_bfs,
+    naive,
+    one_f_one_b,
+    zbv,
+    zero_bubble_h1,
+    zero_bubble_h2,
 )
 from pipelib.pipeline.simulate import Costs, SimResult, bubble_closed_form, simulate
 from pipelib.trace import Event, Kind, Trace
@@ -244,7 +255,7 @@ def test_simulate_checks_structure_and_optionally_order():
 
 def test_actions_keep_rank_order():
     r = simulate(interleaved_1f1b(4, 8, 2), UNEQUAL.scaled(0.5))
-    for rank, acts in enumerate(r.schedule.actions):
+    for acts in r.schedule.actions:
         starts = [r.times[a][0] for a in acts]
         assert starts == sorted(starts)
         ends = [r.times[a][1] for a in acts]
@@ -264,7 +275,7 @@ def test_all_to_all_is_paid_serially_by_zbv_and_hidden_by_dualpipe_v(p, m):
     a2a = Costs(F=0.5, B=1.0, I=0.5, W=0.5, all_to_all=0.5)
     z, d = simulate(zbv(p, m), a2a), simulate(dualpipe_v(p, m), a2a)
     assert d.makespan < z.makespan
-    for r, acts in enumerate(z.schedule.actions):  # ZB-V: every action its compute + all-to-all
+    for acts in z.schedule.actions:  # ZB-V: every action its compute + all-to-all
         for a in acts:
             start, end = z.times[a]
             assert end - start == pytest.approx(a2a.compute(a.op, a.stage) + (0 if a.op is Op.W else 0.5))

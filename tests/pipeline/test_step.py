@@ -5,12 +5,12 @@ import torch
 
 from pipelib.costmodel import get_profile
 from pipelib.model import MLPConfig
+from pipelib.pipeline.schedules import ScheduleDeadlock, as_schedule
+from pipelib.pipeline.schedules.registry import REGISTRY
+from pipelib.pipeline.simulate import Costs, simulate
 from pipelib.pipeline.stage import partition, split_into_stages
 from pipelib.pipeline.step import check_step, monolith_step, resolve_schedule, run_train_step, train_step
-from pipelib.pipeline.schedules import Action, ScheduleDeadlock, as_schedule
-from pipelib.pipeline.schedules.registry import REGISTRY
 from pipelib.results import check_against_reference
-from pipelib.pipeline.simulate import Costs, simulate
 from pipelib.trace import Kind
 
 pytestmark = pytest.mark.cluster
@@ -213,9 +213,9 @@ def _rank0_never_sends():
 
     from pipelib.model import MLP
     from pipelib.pipeline.executor import execute
-    from pipelib.pipeline.stage import Stage, split_into_stages
-    from pipelib.pipeline.shapes import exchange_shapes
     from pipelib.pipeline.schedules import naive
+    from pipelib.pipeline.shapes import exchange_shapes
+    from pipelib.pipeline.stage import Stage, split_into_stages
 
     s = naive(2, 1)
     modules = split_into_stages(MLP(CFG).layers, 2)

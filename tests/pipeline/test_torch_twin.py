@@ -6,12 +6,16 @@ import pytest
 import torch
 
 from pipelib.model import MLPConfig
-from pipelib.results import check_against_reference
 from pipelib.pipeline.step import monolith_step, resolve_schedule, train_step
 from pipelib.pipeline.torch_twin import (
-    TORCH_SCHEDULES, check_torch_step, run_compare_step_times, run_torch_train_step,
-    torch_pipeline_order, torch_train_step,
+    TORCH_SCHEDULES,
+    check_torch_step,
+    run_compare_step_times,
+    run_torch_train_step,
+    torch_pipeline_order,
+    torch_train_step,
 )
+from pipelib.results import check_against_reference
 
 pytestmark = pytest.mark.cluster
 

@@ -5,9 +5,14 @@ import pytest
 
 from pipelib.memory import gpt_layer_activation_bytes, megatron_layer_activation_bytes
 from pipelib.model import GPTConfig
-from pipelib.recompute.formulas import (GPT3_175B, best_k, core_activation_bytes,
-                                        predict_policy, selective_headline,
-                                        selective_layer_bytes)
+from pipelib.recompute.formulas import (
+    GPT3_175B,
+    best_k,
+    core_activation_bytes,
+    predict_policy,
+    selective_headline,
+    selective_layer_bytes,
+)
 from pipelib.recompute.measure import measure_policy
 
 

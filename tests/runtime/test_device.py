@@ -86,7 +86,7 @@ def test_measured_compute_records_its_wall_time_and_restores_the_beacon(tmp_path
             time.sleep(0.05)
         with pytest.raises(ZeroDivisionError):
             with dev.compute("B", stage=1, microbatch=2):
-                1 / 0
+                _ = 1 / 0
         age, text = Activity.read(str(tmp_path / "beacon"))
         assert text == "running a test" and 0 <= age < 5
     (e,) = dev.tracer.events  # the failed op is not recorded

@@ -1,8 +1,15 @@
 """The cluster's error messages, built without a cluster: every rank, what it did, what to change."""
 from types import SimpleNamespace
 
-from pipelib.runtime.errors import (ClusterError, RankDiedError, RankError, RankTimeoutError,
-                                    died_message, raised_message, stuck_message)
+from pipelib.runtime.errors import (
+    ClusterError,
+    RankDiedError,
+    RankError,
+    RankTimeoutError,
+    died_message,
+    raised_message,
+    stuck_message,
+)
 
 
 def _remote(ename, evalue, traceback=None):  # the fields of an ipyparallel RemoteError

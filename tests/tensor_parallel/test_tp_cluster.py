@@ -6,7 +6,7 @@ import torch
 
 from pipelib.model import GPTConfig
 from pipelib.results import check_against_reference
-from pipelib.tensor_parallel.dtensor_twin import tp_blocks_reference, tp_blocks_step, dtensor_tp_blocks_step
+from pipelib.tensor_parallel.dtensor_twin import dtensor_tp_blocks_step, tp_blocks_reference, tp_blocks_step
 from pipelib.tensor_parallel.formulas import tp_layer_bytes, tp_step_counts
 from pipelib.tensor_parallel.step import tp_reference_step, tp_train_step
 
@@ -213,7 +213,8 @@ def test_adamw_training_on_the_char_corpus_equals_one_process(cluster4):
     one = GPT(cfg, seed=0).double()
     want = train_gpt(one, char_corpus(), 3, lr=1e-2, batch_size=4, seed=0)
     res = cluster4.run(tp_train, cfg, 4, 3, lr=1e-2, batch_size=4, sequence_parallel=True, dtype="float64")
-    torch.testing.assert_close(torch.tensor(res[0].losses, dtype=torch.float64), torch.tensor(want, dtype=torch.float64))
+    torch.testing.assert_close(torch.tensor(res[0].losses, dtype=torch.float64),
+                               torch.tensor(want, dtype=torch.float64))
     check_against_reference(res, ref_params={n: p.detach() for n, p in one.named_parameters()})
 
 

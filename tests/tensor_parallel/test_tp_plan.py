@@ -3,8 +3,13 @@ import pytest
 
 from pipelib.comm.alphabeta import expected_bytes
 from pipelib.model import GPT, GPTConfig
-from pipelib.tensor_parallel.formulas import (tp_activation_bytes, tp_all_reduce_bytes, tp_milestone,
-                                              tp_layer_bytes, tp_step_counts)
+from pipelib.tensor_parallel.formulas import (
+    tp_activation_bytes,
+    tp_all_reduce_bytes,
+    tp_layer_bytes,
+    tp_milestone,
+    tp_step_counts,
+)
 from pipelib.tensor_parallel.plan import STYLES, check_sequence_divisible, gpt_tp_plan, validate_plan
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32)

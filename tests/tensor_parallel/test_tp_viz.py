@@ -1,7 +1,6 @@
 """Pure: chapter 09's figures, drawn from Events and numbers."""
 from pipelib.trace import Event, Kind, Trace
-from pipelib.viz.tensor_parallel import (tp_collectives_figure, tp_link_share_figure, tp_memory_figure,
-                                         tp_split_figure)
+from pipelib.viz.tensor_parallel import tp_collectives_figure, tp_link_share_figure, tp_memory_figure, tp_split_figure
 
 
 def test_split_figure_colours_each_entry_by_its_rank():

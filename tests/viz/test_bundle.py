@@ -17,8 +17,7 @@ from pipelib.pipeline import explorer
 from pipelib.pipeline.schedules import make_schedule
 from pipelib.pipeline.simulate import Costs, simulate
 from pipelib.trace import Event, Kind, Trace
-from pipelib.viz.display import frame_ms
-from pipelib.viz.display import figure_bundle
+from pipelib.viz.display import figure_bundle, frame_ms
 
 PLOTLY = "application/vnd.plotly.v1+json"
 
@@ -72,10 +71,12 @@ SAMPLES = {
                                                                            {"model": (SIZES, TIMES * 0.9)}),
     "recompute_memory_figure": lambda: viz.recompute_memory_figure(
         {"none": [(0, 0, "forward"), (10, 5, "forward"), (30, 0, "backward")]}),
-    "tradeoff_figure": lambda: viz.tradeoff_figure([{"label": "full", "extra": 0.3, "peak": 2**20, "predicted": 2**20}]),
+    "tradeoff_figure": lambda: viz.tradeoff_figure(
+        [{"label": "full", "extra": 0.3, "peak": 2**20, "predicted": 2**20}]),
     "bucket_sweep_figure": lambda: viz.bucket_sweep_figure(
-        [{"bucket_bytes": b, "buckets": 4 - i, "after": t, "overlap": 0.8 * t, "model": t} for i, (b, t) in
-         enumerate(zip(SIZES, TIMES))], {"after": "after backward", "overlap": "overlapped"}, predicted={"model": "model"}),
+        [{"bucket_bytes": b, "buckets": 4 - i, "after": t, "overlap": 0.8 * t, "model": t}
+         for i, (b, t) in enumerate(zip(SIZES, TIMES))],
+        {"after": "after backward", "overlap": "overlapped"}, predicted={"model": "model"}),
     "efficiency_figure": lambda: viz.efficiency_figure({"PCIe": (SIZES, np.array([0.1, 0.4, 0.6, 0.7]))},
                                                        {"PCIe": (SIZES, np.array([0.1, 0.4, 0.6, 0.7]))},
                                                        bands={"seed": (0.7, 0.8)}),
@@ -92,12 +93,15 @@ SAMPLES = {
         [Event(0, Kind.COLLECTIVE, f"all_reduce: block {i} {d}", 1e-3 * j, 1e-3 * j + 1e-4, bytes=4096)
          for j, (i, d) in enumerate((i, d) for d in ("forward", "backward") for i in range(2))], 1)),
     "tp_link_share_figure": lambda: viz.tp_link_share_figure(
-        [{"link": l, "t": t, "share": s, "ms": 50 * s} for l, s in (("nvlink4", 0.01), ("pcie5", 0.05)) for t in (2, 8)]),
+        [{"link": l, "t": t, "share": s, "ms": 50 * s}
+         for l, s in (("nvlink4", 0.01), ("pcie5", 0.05)) for t in (2, 8)]),
     "tp_memory_figure": lambda: viz.tp_memory_figure(
-        [{"setting": "t=1", "measured": 74240, "counted": 74240}, {"setting": "t=2 TP", "measured": 45568, "counted": None}]),
+        [{"setting": "t=1", "measured": 74240, "counted": 74240},
+         {"setting": "t=2 TP", "measured": 45568, "counted": None}]),
     "work_figure": lambda: viz.work_figure({"zigzag": _sim("1f1b"), "contiguous": _sim("gpipe")}),
     "overlap_figure": lambda: viz.overlap_figure(
-        [{"shard_len": c, "hidden": h, "step_over_compute": t} for c, h, t in ((64, 0.4, 1.6), (256, 1.0, 1.0))], 146.6),
+        [{"shard_len": c, "hidden": h, "step_over_compute": t}
+         for c, h, t in ((64, 0.4, 1.6), (256, 1.0, 1.0))], 146.6),
     "context_figure": lambda: viz.context_figure({1: 646, 2: 1292}, {1: 646, 2: 1292, 4: 2584, 8: 5168}),
     "variants_figure": lambda: viz.variants_figure(
         {"ring": {"bytes": 3 * 2**16, "peak_memory": 2**20, "time": 2e-3},

@@ -5,10 +5,16 @@ import math
 
 import pytest
 
-from pipelib.viz.display import figure_bundle
 from pipelib.trace import Event, Kind, Trace
-from pipelib.viz.comm import (collective_animation, message_steps, replay, size_sweep_bandwidth_figure,
-                              size_sweep_figure, step_moves)
+from pipelib.viz.comm import (
+    collective_animation,
+    message_steps,
+    replay,
+    size_sweep_bandwidth_figure,
+    size_sweep_figure,
+    step_moves,
+)
+from pipelib.viz.display import figure_bundle
 
 
 def _send(rank, peer, label, nbytes=8):
@@ -44,7 +50,7 @@ def test_ring_moves_one_chunk_per_column_to_the_right_neighbour():
     rows = message_steps(_ring_all_reduce(n), "all_reduce")
     moves = step_moves(rows, "all_reduce", n)
     assert list(moves) == list(range(2 * (n - 1)))
-    for step, ms in moves.items():
+    for ms in moves.values():
         assert sorted(m["src_slot"] for m in ms) == list(range(n))      # every chunk moves once
         assert all(m["dst"] == (m["src"] + 1) % n and m["src_slot"] == m["dst_slot"] for m in ms)
     final = replay(rows, "all_reduce", n)[-1]
@@ -141,7 +147,8 @@ def test_size_sweep_figure_keeps_its_old_signature():
 def test_segments_of_one_chunk_are_one_move_with_all_their_bytes():
     """On a real device the ring sends each chunk as several segment messages, same label."""
     n = 2
-    evs = [_send(r, 1 - r, f"all_gather all-gather step 0 chunk {r}", nbytes=b) for r in range(n) for b in (100, 100, 56)]
+    evs = [_send(r, 1 - r, f"all_gather all-gather step 0 chunk {r}", nbytes=b)
+           for r in range(n) for b in (100, 100, 56)]
     rows = message_steps(Trace(evs, n), "all_gather")
     assert len(rows) == 6
     moves = step_moves(rows, "all_gather", n)

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from pipelib.viz.display import figure_bundle
 from pipelib.trace import Event, Kind, Trace
+from pipelib.viz.display import figure_bundle
 from pipelib.viz.timeline import LABEL_COLORS, memory_figure, speedup_figure, sweep_figure, timeline_figure
 
 

@@ -9,7 +9,7 @@ interleaved 1F1B and torch's zero-bubble schedules share.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 from pipelib.checks import check_int
 from pipelib.pipeline.schedules.ir import Action, Op, Schedule

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from pipelib.checks import check_int
 from pipelib.pipeline.schedules.build import (
-    check_sizes, looped_placement, looped_rank_ops, microbatches_per_round, plain_schedule,
+    check_sizes,
+    looped_placement,
+    looped_rank_ops,
+    microbatches_per_round,
+    plain_schedule,
 )
 from pipelib.pipeline.schedules.ir import Action, Op, Schedule
 

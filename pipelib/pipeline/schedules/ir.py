@@ -16,9 +16,9 @@ Introduced in chapter 10.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Mapping
 
 
 class Op(str, Enum):
@@ -54,7 +54,7 @@ class Action:
     __repr__ = __str__
 
     @classmethod
-    def parse(cls, text: str) -> "Action":
+    def parse(cls, text: str) -> Action:
         """`Action.parse("2F0") == Action(2, Op.F, 0)`; the reverse of `str`."""
         match = _ACTION_RE.fullmatch(text.strip())
         if match is None:

@@ -16,19 +16,26 @@ relative=True idle / busy, relative to the ideal compute time. Derived in chapte
 """
 from __future__ import annotations
 
-from types import MappingProxyType
-from typing import Mapping
-
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable
+from types import MappingProxyType
 
 from pipelib.checks import check_int
 from pipelib.pipeline.schedules.generators import (
-    gpipe, interleaved_1f1b, llama3_interleaved, looped_bfs, naive, one_f_one_b,
+    gpipe,
+    interleaved_1f1b,
+    llama3_interleaved,
+    looped_bfs,
+    naive,
+    one_f_one_b,
 )
 from pipelib.pipeline.schedules.ir import Schedule
 from pipelib.pipeline.schedules.zero_bubble import (
-    dualpipe_v, interleaved_zero_bubble, zbv, zero_bubble_h1, zero_bubble_h2,
+    dualpipe_v,
+    interleaved_zero_bubble,
+    zbv,
+    zero_bubble_h1,
+    zero_bubble_h2,
 )
 
 # A closed form: (p, m, v, costs) -> (idle, busy) seconds per rank; costs has F, B, I, W

@@ -15,7 +15,14 @@ schedules.
 from __future__ import annotations
 
 from pipelib.pipeline.schedules.ir import (
-    Action, Op, Schedule, ScheduleDeadlock, action_key, as_schedule, first_unmet, format_table,
+    Action,
+    Op,
+    Schedule,
+    ScheduleDeadlock,
+    action_key,
+    as_schedule,
+    first_unmet,
+    format_table,
     unit_step_order,
 )
 

@@ -20,7 +20,11 @@ from __future__ import annotations
 from collections import Counter
 
 from pipelib.pipeline.schedules.build import (
-    check_sizes, looped_placement, looped_rank_ops, microbatches_per_round, v_placement,
+    check_sizes,
+    looped_placement,
+    looped_rank_ops,
+    microbatches_per_round,
+    v_placement,
 )
 from pipelib.pipeline.schedules.ir import Action, Op, Schedule
 
