@@ -35,9 +35,9 @@ import psutil
 from pipelib.runtime import engine, rendezvous, watchdog
 from pipelib.runtime.args import DEFAULT_TIMEOUT, validate_args
 from pipelib.runtime.beacon import Activity
+from pipelib.runtime.errors import (ClusterError, RankDiedError, RankError, RankTimeoutError, died_message,
+                                    raised_message, stuck_message)
 from pipelib.runtime.progress import StartupProgress
-from pipelib.runtime.errors import (ClusterError, RankDiedError, RankError, RankTimeoutError,
-                                    died_message, raised_message, stuck_message)
 from pipelib.runtime.registry import LiveClusters
 from pipelib.trace import Trace
 
@@ -83,7 +83,7 @@ class Cluster:
                 f"profile={getattr(self.spec.profile, 'name', self.spec.profile)!r}, "
                 f"clock={self.spec.clock!r}, {state})")
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -97,7 +97,7 @@ class Cluster:
     def pids(self) -> list[int]:
         return [i["pid"] for i in self.info]
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         if self.running:
             return self
         import ipyparallel as ipp
@@ -188,7 +188,7 @@ class Cluster:
         self.client = self.view = self._ipp = self._watchdog = None
         self._rundir, self._broken, self.info = None, None, []
 
-    def restart(self) -> "Cluster":
+    def restart(self) -> Cluster:
         """Stop and start afresh (after a rank died or hung)."""
         self.stop()
         return self.start()

@@ -19,10 +19,11 @@ Introduced in chapter 04.
 from __future__ import annotations
 
 import os
+from types import MappingProxyType
 
 # gloo binds its listening socket to this interface's address (else to the host name's, often
 # a public one); NCCL's bootstrap and socket transport likewise
-LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"}
+LOOPBACK_ENV = MappingProxyType({"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"})
 STORE_FILE = "rendezvous"
 
 

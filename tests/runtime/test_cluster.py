@@ -7,12 +7,11 @@ import time
 
 import psutil
 import pytest
-
 from leftovers import cluster_processes
 from sleeps import best_of
+
 from pipelib.runtime.cluster import Cluster
 from pipelib.runtime.errors import RankDiedError, RankError, RankTimeoutError
-from pipelib.runtime.memtrack import SimulatedOutOfMemoryError
 
 pytestmark = pytest.mark.cluster
 
@@ -86,7 +85,8 @@ def _stall(rank, seconds):
 
 def test_stalled_rank_times_out_naming_rank_and_activity(cluster4):
     t0 = time.monotonic()
-    with pytest.raises(RankTimeoutError, match=r"rank 1 did not finish _stall within 1\.5 s; it was doing: running _stall") as err:
+    stuck = r"rank 1 did not finish _stall within 1\.5 s; it was doing: running _stall"
+    with pytest.raises(RankTimeoutError, match=stuck) as err:
         cluster4.run(_stall, 1, 600, timeout=1.5)
     assert err.value.ranks == [1] and time.monotonic() - t0 < 6
     assert cluster4.run(_stall, -1, 0) == [0, 1, 2, 3]  # interrupted, usable again
@@ -114,11 +114,10 @@ def _loopback(ip: str) -> bool:
 
 def _traced_step():
     import torch
+    import torch.distributed as dist
 
     from pipelib.comm import p2p as comms
     from pipelib.runtime.device import current
-
-    import torch.distributed as dist
     dev, rank = current(), dist.get_rank()
     x = torch.ones(1000)
     with dev.compute("work", flops=1e6 * (4 - rank)):
