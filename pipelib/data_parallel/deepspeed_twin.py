@@ -4,8 +4,8 @@ DeepSpeed (Rasley et al. 2020) is the library ZeRO came from (Rajbhandari et al.
 expects its own launcher (`deepspeed train.py`), which starts one process per rank and sets
 RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Here `run_deepspeed` does the
 launcher's job with `torch.multiprocessing.spawn` (fresh processes, outside the notebook's
-engine cluster, because DeepSpeed initialises torch.distributed itself); on CPU its accelerator
-picks gloo.
+engine cluster), and makes the gloo process group itself, meeting at a file in a private
+directory rather than at a TCP store open on every interface; DeepSpeed finds it and uses it.
 
 Two things DeepSpeed compiles on first use, and how this twin avoids both:
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 
@@ -51,20 +50,19 @@ def deepspeed_config(stage: int, lr: float = 1e-3, micro_batch: int = 4, *, worl
     return cfg
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world_size, port, job, out_path):
+def _worker(rank, world_size, store_path, job, out_path):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
-                      OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+                      GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     import logging
     import warnings
 
     import torch
+    import torch.distributed as dist
+
+    # the ranks meet at a file in a private directory, not at a TCP store (which listens on every
+    # interface): DeepSpeed finds the process group made and uses it (issue 27)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
+                            world_size=world_size)
 
     warnings.filterwarnings("ignore")  # deprecations inside DeepSpeed, not the reader's concern
 
@@ -80,7 +78,7 @@ def _worker(rank, world_size, port, job, out_path):
     model = zero_model(job["model"])
     t0 = time.perf_counter()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=job["config"], dist_init_required=True)
+                                           config=job["config"], dist_init_required=False)
     init_s = time.perf_counter() - t0
     names = [n for n, _ in model.named_parameters()]
     grads, losses, times = None, [], []
@@ -134,17 +132,15 @@ def run_deepspeed(model_spec: dict, stage: int, *, world_size: int = 2, steps: i
     import torch
 
     t0 = time.perf_counter()
-    for attempt in (1, 2):  # a free port can be taken between our probe and DeepSpeed's bind
-        with tempfile.TemporaryDirectory(prefix="pipelib-ds-") as tmp:
-            out = os.path.join(tmp, "rank0.pt")
-            try:
-                mp.spawn(_worker, args=(world_size, _free_port(), job, out), nprocs=world_size, join=True)
-                res = torch.load(out, weights_only=False)
-                break
-            except mp.ProcessRaisedException as e:
-                if attempt == 2 or "address already in use" not in str(e).lower():
-                    raise RuntimeError(f"DeepSpeed ZeRO-{stage} on {world_size} spawned processes failed; "
-                                       f"the failing rank's traceback:\n{e}") from None
+    with tempfile.TemporaryDirectory(prefix="pipelib-ds-") as tmp:  # 0700: the store is private
+        out = os.path.join(tmp, "rank0.pt")
+        try:
+            mp.spawn(_worker, args=(world_size, os.path.join(tmp, "rendezvous"), job, out), nprocs=world_size,
+                     join=True)
+            res = torch.load(out, weights_only=False)
+        except mp.ProcessRaisedException as e:
+            raise RuntimeError(f"DeepSpeed ZeRO-{stage} on {world_size} spawned processes failed; "
+                               f"the failing rank's traceback:\n{e}") from None
     from pipelib.results import StepResult
 
     stats = {"config": config, "init_seconds": res["init_seconds"], "state_numel": res["state_numel"],
