@@ -84,9 +84,9 @@ def test_plan_prints_round_trips_and_checks_before_any_engine_work():
 
 
 @pytest.mark.parametrize("sizes, kind", [(dict(dp=2, tp=2), "zero1"), (dict(dp=2, tp=2), "zero3"),
-                                         (dict(dp=2, pp=2), "zero1")])
-def test_zero_over_the_dp_axis_composes_too(cluster4, sizes, kind):
-    recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2)  # ZeRO's flat buffers are fp32
+                                         (dict(dp=2, pp=2), "zero1"), (dict(dp=2, tp=2), "ddp_overlap")])
+def test_zero_and_overlapped_ddp_over_the_dp_axis_compose_too(cluster4, sizes, kind):
+    recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2)  # ZeRO's flat buffers are fp32 (and the others alike)
     plan = Plan(**sizes, data_parallel=kind)
     results = run(cluster4, recipe, plan)
     check_against_reference(results, recipe.reference(), shared=True, rtol=1e-4, atol=1e-5)

@@ -30,10 +30,13 @@ class DataParallelKind(NamedTuple):
     doc: str
 
 
-def _wrap_ddp(module, group, plan, optimizer):
-    from pipelib.data_parallel.ddp import BucketedGrads
+def _ddp(step: str):
+    """A DDP step of chapter 07 (`steps.DDP_STEPS`) on the dp group, the plan's bucket size."""
+    def wrap(module, group, plan, optimizer):
+        from pipelib.data_parallel.steps import DDP_STEPS
 
-    return BucketedGrads(module, group, bucket_bytes=plan.bucket_bytes)
+        return DDP_STEPS[step].wrap(module, group, comm="pipelib", bucket_bytes=plan.bucket_bytes)
+    return wrap
 
 
 class ZeROReducer:
@@ -71,8 +74,10 @@ def _zero(stage):
 
 
 DATA_PARALLEL = MappingProxyType({k.name: k for k in (
-    DataParallelKind("ddp", _wrap_ddp, False, True,
+    DataParallelKind("ddp", _ddp("buckets"), False, True,
                      "DDP's buckets, all-reduced once a stage's gradients are in (chapter 07)"),
+    DataParallelKind("ddp_overlap", _ddp("overlap"), False, False,
+                     "DDP's buckets all-reduced from gradient hooks during backward (chapter 07)"),
     DataParallelKind("zero1", _zero(1), True, True, "ZeRO-1: optimizer state sharded (chapter 08)"),
     DataParallelKind("zero2", _zero(2), True, False, "ZeRO-2: gradients reduce-scattered in backward"),
     DataParallelKind("zero3", _zero(3), True, False, "ZeRO-3: parameters gathered per unit, then freed"),
