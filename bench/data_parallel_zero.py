@@ -45,17 +45,12 @@ def measure(world_size: int, steps: int = 7, batch_per_rank: int = 64, spec: dic
     same model, in its own processes after the cluster stopped (not interleaved: a looser
     comparison), its first step (set-up) left out; nothing is compiled."""
     from pipelib import Cluster
-    from pipelib.data_parallel.zero_bench import zero_bench_setup, zero_bench_step
+    from pipelib.data_parallel.zero_bench import zero_bench_setup, zero_bench_times
 
     spec = dict(spec or SPEC)
     with Cluster(world_size, device="cpu", timeout=600) as cluster:
         psi = cluster.run(zero_bench_setup, spec, batch_per_rank * world_size)[0]
-        for which in ORDER:  # warm-up
-            cluster.run(zero_bench_step, which)
-        times = {k: [] for k in ORDER}
-        for s in range(steps):
-            for k in ORDER[s % 3:] + ORDER[:s % 3]:
-                times[k].append(max(cluster.run(zero_bench_step, k)))
+        times = cluster.run(zero_bench_times, ORDER, steps)[0]  # in turn, the slowest rank's times
     med = {k: statistics.median(v) for k, v in times.items()}
     extra = {}
     if deepspeed:

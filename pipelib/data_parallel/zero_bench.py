@@ -13,7 +13,6 @@ Introduced for chapter 08's benchmark.
 """
 from __future__ import annotations
 
-import time
 
 import torch
 
@@ -49,20 +48,23 @@ def zero_bench_setup(spec: dict, batch: int, lr: float = 1e-3, group=None) -> in
     return sum(p.numel() for p in zero_model(spec).parameters())
 
 
-def zero_bench_step(which: str) -> float:
-    """Seconds of one training step of `which` ("zero0", "zero3" or "fsdp2") on this rank."""
-    import torch.distributed as dist
-
+def zero_bench_step(which: str) -> None:
+    """One training step of `which` ("zero0", "zero3" or "fsdp2") on this rank."""
     from pipelib.data_parallel.zero_runner import zero_loss
     from pipelib.runtime.device import current
 
     bench = current().groups[_KEY]
     model, opt = bench[which]
     x, y = bench["batch"]
-    dist.barrier()
-    t0 = time.perf_counter()
     loss = zero_loss(opt if which.startswith("zero") else model, x, y)
     loss.backward()
     opt.step()
     opt.zero_grad()
-    return time.perf_counter() - t0
+
+
+def zero_bench_times(order, steps: int) -> dict:
+    """On every rank: each contestant of `order` one step in turn, `steps` times after a warm-up
+    (`pipelib.runtime.alternate.alternate_steps`: each step's time the slowest rank's)."""
+    from pipelib.runtime.alternate import alternate_steps
+
+    return alternate_steps({k: (lambda k=k: zero_bench_step(k)) for k in order}, steps, warmup=1)

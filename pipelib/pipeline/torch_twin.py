@@ -194,17 +194,18 @@ def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_s
     """Run on every engine: pipelib's and torch's step alternately: {"pipelib": [s], "torch": [s]}.
 
     Both are built once (same model, batch, stages and placement; `options` are `StepOptions`',
-    recv_ahead and check for pipelib's side only), then run alternately, step by step, `steps`
-    + 1 times each (pipelib first on even steps, torch first on odd), each from a barrier and
-    timed on the host's clock (`timed_steps`: torch's ops are not the device's); the first of
-    each is a warm-up (shape inference) to drop. Alternating step by step keeps the two sides'
-    samples close in time on a shared machine. The last steps' gradients must agree
-    (torch.testing.assert_close), so both did the same work.
+    recv_ahead and check for pipelib's side only), then run in turn, step by step, `steps` times
+    each after one warm-up (shape inference), by `pipelib.runtime.alternate.alternate_steps`:
+    each step from a barrier, its time the slowest rank's on the host's clock (torch's ops are
+    not the device's). Alternating step by step keeps the two sides' samples close in time on a
+    shared machine. The last steps' gradients must agree (torch.testing.assert_close), so both
+    did the same work.
     """
     import torch.distributed.pipelining  # noqa: F401
 
     from pipelib.model import MLPConfig
     from pipelib.pipeline.step import prepare_step
+    from pipelib.runtime.alternate import alternate_steps
     from pipelib.runtime.device import current
 
     model_config, opts = model_config or MLPConfig(), StepOptions(**options)
@@ -218,10 +219,14 @@ def compare_step_times(schedule: str, p: int, m: int, model_config=None, batch_s
         runs = {"pipelib": prepare_step(s, model_config, rank, batch_seed, opts, group),
                 "torch": prepare_torch_step(name, s, model_config, rank, batch_seed, torch_opts, group)}
         dev.memory.track_module(*runs["pipelib"].modules)
-        times: dict = {"pipelib": [], "torch": []}
-        for i in range(steps + 1):
-            for side in (("pipelib", "torch") if i % 2 == 0 else ("torch", "pipelib")):
-                times[side] += timed_steps(runs[side].step, runs[side].modules, 1, group, host=True)[1]
+
+        def side(run):
+            def step():
+                for mod in run.modules:
+                    mod.zero_grad(set_to_none=True)
+                run.step()
+            return step
+        times = alternate_steps({k: side(r) for k, r in runs.items()}, steps, warmup=1, group=group)
     mine, theirs = runs["pipelib"].grads(), runs["torch"].grads()
     for k in mine:
         torch.testing.assert_close(mine[k], theirs[k], msg=lambda e, k=k: f"rank {rank} {k}: {e}")
@@ -241,8 +246,8 @@ def run_torch_train_step(cluster, schedule: str, p: int, m: int, model_config=No
 
 def run_compare_step_times(cluster, schedule: str, p: int, m: int, model_config=None,
                            batch_seed: int = 0, **kw) -> dict:
-    """Check in the notebook, run `compare_step_times` on every rank, and reduce: per side the
-    step times (slowest rank per step, warm-up dropped) and their median."""
+    """Check in the notebook, run `compare_step_times` on every rank: per side the step times
+    (the slowest rank's, warm-up dropped) and their median."""
     import statistics
 
     from pipelib.model import MLPConfig
@@ -254,7 +259,7 @@ def run_compare_step_times(cluster, schedule: str, p: int, m: int, model_config=
                                        batch_seed, **kw) if r is not None]
     out = {}
     for side in ("pipelib", "torch"):
-        steps = [max(r[side][i] for r in per_rank) for i in range(1, len(per_rank[0][side]))]
+        steps = per_rank[0][side]  # every rank holds the slowest rank's times
         out[side] = {"steps_s": steps, "median_s": statistics.median(steps)}
     out["ratio"] = out["pipelib"]["median_s"] / out["torch"]["median_s"]
     return out

@@ -211,3 +211,16 @@ def test_optimizer_argument_is_checked_before_any_communication():
         ZeRO(model, None, 1, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="adamw=True with optimizer="):
         ZeRO(model, None, 1, optimizer=torch.optim.SGD, adamw=True)
+
+
+@pytest.mark.cluster
+def test_bench_contestants_race_in_turn_smoke(cluster4):
+    """Smoke test of bench/data_parallel_zero.py's race: pipelib's ZeRO-3 and stage 0 and torch's
+    FSDP2 built side by side, one step each in turn (alternate_steps), every time measured."""
+    from pipelib.data_parallel.zero_bench import zero_bench_setup, zero_bench_times
+
+    spec = {"kind": "mlp", "in_features": 8, "hidden": 16, "out_features": 4, "num_layers": 2}
+    psi = cluster4.run(zero_bench_setup, spec, 8)[0]
+    out = cluster4.run(zero_bench_times, ("zero3", "fsdp2", "zero0"), 2)
+    assert psi > 0 and all(o == out[0] for o in out)  # every rank holds the slowest rank's times
+    assert sorted(out[0]) == ["fsdp2", "zero0", "zero3"] and all(len(v) == 2 for v in out[0].values())
