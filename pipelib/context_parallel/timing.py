@@ -2,8 +2,8 @@
 rank's FLOPs without any message (`bench/context_parallel.py`).
 
 `time_attention` runs on every rank: one warm-up step, then `repeats` steps each started from
-a barrier; a step's time is this rank's wall time from the barrier to the end of its backward
-(the slowest rank's is the step's). `rank_work` is rank `rank`'s share of ring attention done
+a barrier (`pipelib.runtime.alternate.alternate_steps`); a step's time is the slowest rank's
+wall time from the barrier to the end of its backward. `rank_work` is rank `rank`'s share of ring attention done
 with every K/V shard at hand and no communication: the same blockwise kernels on the same
 shards, so ring time / its time is the ring's overhead (`time_alone` times it on every engine at
 once, under the same core sharing as the ring; `time_rank_alone` in this process). Predicted
@@ -26,8 +26,8 @@ from pipelib.context_parallel.variants import variant_info
 
 def time_attention(variant: str, seq_len: int, repeats: int = 3, *, group=None, layout: str = "zigzag",
                    warmup: bool = True, **kw) -> list[float]:
-    """This rank's seconds per step of `variant` (a name of `variants.REGISTRY`), `repeats`
-    steps after one warm-up (unless `warmup=False`)."""
+    """Seconds per step of `variant` (a name of `variants.REGISTRY`; the slowest rank's),
+    `repeats` steps after one warm-up (unless `warmup=False`)."""
     variant_info(variant)   # an unknown name fails here, before any barrier
     n, me = dist.get_world_size(group), dist.get_rank(group)
     shards = [split_sequence(t, n, me, layout) for t in attention_inputs(seq_len, **_inputs(kw))]
@@ -39,8 +39,8 @@ def time_attention(variant: str, seq_len: int, repeats: int = 3, *, group=None, 
 
 def time_alone(seq_len: int, repeats: int = 3, *, group=None, layout: str = "zigzag", warmup: bool = True,
                **kw) -> list[float]:
-    """This rank's seconds per step of its own ring work without messages (`rank_work`), timed
-    as `time_attention` times a variant: from the same barrier, under the same core sharing."""
+    """Seconds per step of each rank's own ring work without messages (`rank_work`; the slowest
+    rank's), timed as `time_attention` times a variant: from a barrier, under the same core sharing."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
     work = rank_work(seq_len, n, me, layout=layout, causal=kw.get("causal", True), **_inputs(kw))
     return _timed(work, repeats, group, warmup)
@@ -51,15 +51,11 @@ def _inputs(kw: dict) -> dict:
 
 
 def _timed(work, repeats: int, group, warmup: bool) -> list[float]:
-    """Seconds of `work()` from a barrier of `group`, `repeats` times after one warm-up."""
-    times = []
-    for i in range(repeats + int(warmup)):
-        dist.barrier(group)
-        t0 = time.perf_counter()
-        work()
-        if i or not warmup:
-            times.append(time.perf_counter() - t0)
-    return times
+    """Seconds of `work()` from a barrier of `group` (the slowest rank's), `repeats` times after
+    one warm-up: the one timing loop, `alternate_steps`, with one side."""
+    from pipelib.runtime.alternate import alternate_steps
+
+    return alternate_steps({"work": work}, repeats, warmup=int(warmup), group=group)["work"]
 
 
 def rank_work(seq_len: int, n: int, rank: int = 0, *, layout: str = "zigzag", causal: bool = True, **kw):
