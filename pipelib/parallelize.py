@@ -84,6 +84,9 @@ class Plan:
             raise ValueError(f"Plan: batch_size={recipe.batch_size} does not split into dp={self.dp} ranks"
                              + (f" x {self.microbatches} microbatches" if self.pp > 1 else "")
                              + f"; use a multiple of {self.dp * (self.microbatches if self.pp > 1 else 1)}")
+        if self.dp > 1 and DATA_PARALLEL[self.data_parallel].shards_optimizer and recipe.dtype != torch.float32:
+            raise ValueError(f"Plan: data_parallel={self.data_parallel!r} keeps fp32 flat buffers, but the recipe's "
+                             f"dtype is {recipe.dtype}; use Recipe(dtype=torch.float32) or data_parallel='ddp'")
         if (self.tp > 1 or self.pp > 1) and not isinstance(recipe.model, GPTConfig):
             raise ValueError("Plan: tp and pp split the GPT's blocks; use a GPTConfig recipe")
         if self.pp > 1 and recipe.model.n_layer < self.pp:

@@ -96,3 +96,13 @@ def test_zero_and_overlapped_ddp_over_the_dp_axis_compose_too(cluster4, sizes, k
 def test_zero2_and_zero3_refuse_a_pipeline():
     with pytest.raises(ValueError, match="once per microbatch; use 'ddp' or 'zero1'"):
         Plan(dp=2, pp=2, data_parallel="zero2")
+
+
+def test_zero_refuses_a_model_it_would_silently_train_in_another_precision(cluster4):
+    from pipelib.runtime.errors import RankError
+    from pipelib.trainer import train_plan
+
+    with pytest.raises(ValueError, match="keeps fp32 flat buffers, but the recipe's dtype is torch.float64"):
+        run(cluster4, RECIPE, Plan(dp=2, data_parallel="zero1"))  # RECIPE is fp64: refused in the notebook
+    with pytest.raises(RankError, match="trainable parameters in torch.float64; its flat buffers"):
+        cluster4.run(train_plan, RECIPE, Plan(dp=4, data_parallel="zero1"))  # and by ZeRO itself

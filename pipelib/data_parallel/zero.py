@@ -71,6 +71,12 @@ class ZeRO(ZeROMemory, ZeROShards):
             raise ValueError(f"ZeRO: param_dtype={param_dtype}; mixed precision here keeps bf16 parameters "
                              f"(torch.bfloat16). fp16 would also need loss scaling (small gradients "
                              f"underflow), which this class does not do")
+        wrong = sorted({str(p.dtype) for p in model.parameters() if p.requires_grad and p.dtype != torch.float32})
+        if wrong:
+            raise ValueError(f"ZeRO: trainable parameters in {', '.join(wrong)}; its flat buffers and master "
+                             f"weights are fp32 (bf16 compute with mixed_precision=True), so a "
+                             f"{wrong[0].replace('torch.', '')} model would be trained in fp32 without a word. "
+                             f"Pass the model in torch.float32 (model.float())")
         self.group, self.n, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
         if self.rank < 0:
             raise ValueError(f"rank {dist.get_rank()}: ZeRO on a group this rank is not part of")

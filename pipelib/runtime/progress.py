@@ -1,4 +1,4 @@
-"""What a cluster's start-up is doing, shown while the reader waits (about 10 s on a laptop).
+"""What a cluster's start-up is doing, shown while the reader waits (4-5 s on a 2-core laptop).
 
 In a notebook, one line per phase goes to the cell's output: the engines starting, the engines
 up, the ranks joined in torch.distributed. Plain stream text, so nbval (which compares outputs
