@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from pipelib.data_parallel.kinds import DATA_PARALLEL, Owned
@@ -114,17 +113,6 @@ class Plan:
         return cls(**d)
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where one parameter of the monolith lives: the axis that splits it (None: replicated),
-    the split dim and fused pieces (q, k, v), and its pipeline stage (None: no pipeline)."""
-
-    axis: str | None = None
-    dim: int | None = None
-    fused: int = 1
-    stage: int | None = None
-
-
 class Parallel:
     """This rank's part of a parallelized model, and how to run and gather one step."""
 
@@ -132,7 +120,7 @@ class Parallel:
         self.model, self.mesh, self.plan = model, mesh, plan
         self.modules, self.stages, self.schedule = modules, stages, schedule
         self.reducers: list = []
-        self.placements: dict[str, Placement] = {}
+        self.placements: dict = {}  # {monolith name: pipelib.placement.Placement}
 
     def parameters(self) -> list[nn.Parameter]:
         seen, out = set(), []
@@ -195,9 +183,9 @@ class Parallel:
         return None if loss is None else loss.detach()
 
     def unshard(self, what: str = "grad") -> dict[str, torch.Tensor]:
-        """{monolith name: tensor} of what this rank holds, whole: split parameters gathered
-        over their axis (torch's all-gather: the check, not the method), by `placements`."""
-        from pipelib.tensor_parallel.apply import tp_unshard
+        """{monolith name: tensor} of what this rank holds, whole (`pipelib.placement.unshard`:
+        split parameters gathered over their axis by `placements`; ZeRO's shards over dp first)."""
+        from pipelib.placement import unshard
 
         held = {id(p) for p in self.parameters()}
         names = {id(p): n for n, p in self.model.named_parameters()}
@@ -206,22 +194,10 @@ class Parallel:
             if hasattr(r, "full"):
                 mine = {n: names[id(p)] for n, p in module.named_parameters()}
                 local.update({mine[n]: t for n, t in r.full(what).items()})
-        out = {}
         for name, p in self.model.named_parameters():
-            if id(p) not in held:
-                continue
-            t = local.get(name)
-            if t is None:
-                t = p.detach() if what == "data" else (p.grad if p.grad is not None else torch.zeros_like(p))
-            place = self.placements.get(name, Placement())
-            if place.axis is None:
-                out[name] = t.detach().clone()
-                continue
-            group = self.mesh[place.axis]
-            parts = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(parts, t.contiguous(), group=group)
-            out[name] = tp_unshard(parts, place.dim, place.fused)
-        return out
+            if id(p) in held and name not in local:
+                local[name] = p.detach() if what == "data" else (p.grad if p.grad is not None else torch.zeros_like(p))
+        return unshard(local, self.placements, {"tp": self.mesh["tp"]})
 
     def close(self) -> None:
         for r in self.reducers:
@@ -264,14 +240,8 @@ def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | Non
     return par
 
 
-def _placements(model, plan, stages) -> dict[str, Placement]:
-    stage_of = {}
-    for st in stages or ():
-        for p in st.module.parameters():
-            stage_of.setdefault(id(p), st.index)
-    out = {}
-    for name, p in model.named_parameters():
-        dim = getattr(p, "tp_dim", None)
-        out[name] = Placement(axis="tp" if dim is not None and plan.tp > 1 else None, dim=dim,
-                              fused=getattr(p, "tp_fused", 1), stage=stage_of.get(id(p)))
-    return out
+def _placements(model, plan, stages) -> dict:
+    from pipelib.placement import placements
+
+    stage_of = {id(p): st.index for st in reversed(stages or ()) for p in st.module.parameters()}
+    return placements(model, stage_of=stage_of, tp=plan.tp > 1)

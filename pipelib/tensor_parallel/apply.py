@@ -19,7 +19,6 @@ that replicated dropouts agree across ranks and split ones differ. Introduced in
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from pipelib.tensor_parallel.ops import TPComm, all_reduce_tp
@@ -67,26 +66,18 @@ def sync_sequence_grads(model: nn.Module) -> int:
 
 
 def tp_unshard(shards: list[torch.Tensor], dim: int, fused: int = 1) -> torch.Tensor:
-    """The full tensor from the ranks' shards cut by `tp_shard_rows` (dim 0, fused) or along `dim`."""
-    if fused == 1:
-        return torch.cat(shards, dim=dim)
-    pieces = [s.chunk(fused, dim=dim) for s in shards]  # [rank][q, k, v]
-    return torch.cat([pieces[r][f] for f in range(fused) for r in range(len(shards))], dim=dim)
+    """The full tensor from the ranks' shards cut by `tp_shard_rows` (`pipelib.placement.join_shards`)."""
+    from pipelib.placement import join_shards
+
+    return join_shards(shards, dim, fused)
 
 
 def tp_full_gradients(model: nn.Module, group, *, what: str = "grad") -> dict[str, torch.Tensor]:
     """Every gradient (or with what="data", every parameter) of the sharded model, whole, under
     the unsharded model's names: sharded ones all-gathered with torch's built-in, replicated
     ones as they are."""
-    out = {}
-    t = dist.get_world_size(group)
-    for name, p in model.named_parameters():
-        g = p.detach() if what == "data" else p.grad if p.grad is not None else torch.zeros_like(p)
-        dim = getattr(p, "tp_dim", None)
-        if dim is None or t == 1:
-            out[name] = g.detach().clone()
-            continue
-        parts = [torch.empty_like(g) for _ in range(t)]
-        dist.all_gather(parts, g.contiguous(), group=group)
-        out[name] = tp_unshard(parts, dim, getattr(p, "tp_fused", 1))
-    return out
+    from pipelib.placement import placements, unshard
+
+    local = {name: p.detach() if what == "data" else p.grad if p.grad is not None else torch.zeros_like(p)
+             for name, p in model.named_parameters()}
+    return unshard(local, placements(model), {"tp": group})

@@ -1,0 +1,72 @@
+"""Where each parameter of the monolith lives, and the one way to put a layout back together.
+
+    places = placements(model, stage_of={id(p): 1, ...}, tp=True)   # {name: Placement}
+    whole = unshard(local, places, groups={"tp": mesh["tp"]})        # {name: the monolith's tensor}
+
+A `Placement` says which mesh axis splits a parameter (None: replicated), along which dim and
+in how many fused pieces (q, k and v of one projection, each split alone), and which pipeline
+stage holds it. `unshard` gathers every split tensor over its axis (torch's all-gather: a check
+or a checkpoint, not the method, so it costs no modelled time and records no event) and joins
+the shards as `tensor_parallel.layers.tp_shard_rows` cut them. Tensor parallelism's full
+gradients and parameters, `parallelize.Parallel.unshard` and (chapter 18) a resharding
+checkpoint, "gather by placement, split by the new placement", all go through it.
+
+Introduced with the spine (chapter 15).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one parameter of the monolith lives: the axis that splits it (None: replicated),
+    the split dim and fused pieces (q, k, v), and its pipeline stage (None: no pipeline)."""
+
+    axis: str | None = None
+    dim: int | None = None
+    fused: int = 1
+    stage: int | None = None
+
+
+def placements(model: torch.nn.Module, *, stage_of: Mapping[int, int] | None = None,
+               tp: bool = True) -> dict[str, Placement]:
+    """{name: Placement} of `model`'s parameters: split along "tp" where tensor parallelism cut
+    them (`tp_dim`, `tp_fused` on the parameter) and `tp` is on, at the stage `stage_of[id(p)]`."""
+    stage_of = stage_of or {}
+    out = {}
+    for name, p in model.named_parameters():
+        dim = getattr(p, "tp_dim", None)
+        out[name] = Placement(axis="tp" if dim is not None and tp else None, dim=dim,
+                              fused=getattr(p, "tp_fused", 1), stage=stage_of.get(id(p)))
+    return out
+
+
+def join_shards(shards: list[torch.Tensor], dim: int, fused: int = 1) -> torch.Tensor:
+    """The full tensor from the ranks' shards cut along `dim` (in `fused` pieces, each split alone)."""
+    if fused == 1:
+        return torch.cat(shards, dim=dim)
+    pieces = [s.chunk(fused, dim=dim) for s in shards]  # [rank][q, k, v]
+    return torch.cat([pieces[r][f] for f in range(fused) for r in range(len(shards))], dim=dim)
+
+
+def unshard(local: Mapping[str, torch.Tensor], places: Mapping[str, Placement],
+            groups: Mapping[str, object]) -> dict[str, torch.Tensor]:
+    """{name: whole tensor}: each of this rank's `local` tensors gathered over its placement's
+    axis (`groups[axis]`, every rank of it calling) and joined; replicated ones cloned."""
+    out = {}
+    for name, t in local.items():
+        place = places.get(name, Placement())
+        group = groups.get(place.axis) if place.axis is not None else None
+        size = dist.get_world_size(group) if place.axis is not None else 1
+        if size == 1:
+            out[name] = t.detach().clone()
+            continue
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t.detach().contiguous(), group=group)
+        out[name] = join_shards(parts, place.dim, place.fused)
+    return out
