@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from pipelib.comm.message import device_counters
 from pipelib.runtime.device import Device, DeviceSpec, current, set_current
 from pipelib.runtime.memtrack import SimulatedOutOfMemoryError
 from pipelib.trace import Kind, Tracer
@@ -10,7 +9,7 @@ from pipelib.trace import Kind, Tracer
 
 def test_measure_scopes_clock_bytes_and_peak_and_nests():
     dev = Device(0, 1, DeviceSpec("sim"))
-    counts = device_counters(dev)
+    counts = dev.counters()
     dev.memory.add("parameters", 100)
     with dev.measure() as outer:
         counts["bytes_sent"] += 10

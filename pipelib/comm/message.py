@@ -55,12 +55,6 @@ def dtype_name(code: int) -> str:
     return str(DTYPES[code]).replace("torch.", "") if 0 <= code < len(DTYPES) else f"dtype#{code}"
 
 
-def device_counters(dev: Device) -> dict:
-    """This rank's payload bytes and messages, kept on its device (`Device.counters`);
-    `Device.reset()` (and so `Cluster.reset()`) empties them."""
-    return dev.counters()
-
-
 class Handle:
     """A posted send or receive. Call `wait()` once (more calls return at once).
 
@@ -141,7 +135,7 @@ class Handle:
         if self.buf is not self.tensor and self.op == "recv":
             self.tensor.copy_(self.buf.view_as(self.tensor))
         if self.op == "recv":
-            c = device_counters(dev)
+            c = dev.counters()
             c["bytes_received"] += self.nbytes
             c["messages_received"] += 1
         if dev.modelled:

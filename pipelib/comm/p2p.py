@@ -44,7 +44,6 @@ from pipelib.comm.message import (
     HEADER_LEN,
     Handle,
     MessageMismatchError,
-    device_counters,
 )
 from pipelib.runtime.device import current
 from pipelib.trace import Kind
@@ -79,11 +78,11 @@ def counters() -> dict:
     """Payload bytes and messages this rank sent and received since `reset_counters()`.
 
     Headers are simulation and safety machinery, not data: they are not counted."""
-    return dict(device_counters(current()))
+    return dict(current().counters())
 
 
 def reset_counters() -> None:
-    c = device_counters(current())
+    c = current().counters()
     c.update(dict.fromkeys(c, 0))
 
 
@@ -118,7 +117,7 @@ def post_send(tensor, peer: int, group, tag: int, label: str, fields: dict, chec
         works.append(dist.isend(header, peer, group=group, tag=2 * tag + 1))
     works.append(dist.isend(src, peer, group=group, tag=2 * tag))
     h = Handle(dev, "send", tensor, src, peer, group, tag, works, header, None, t_post, label, fields)
-    c = device_counters(dev)
+    c = dev.counters()
     c["bytes_sent"] += h.nbytes
     c["messages_sent"] += 1
     dev.tracer.record(Kind.SEND, label, t_post, t_post, peer=peer, bytes=h.nbytes, **fields)

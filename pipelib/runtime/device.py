@@ -71,7 +71,7 @@ class Device:
         self.spec = spec
         self.memory = self.fresh_memory()
         self.activity = Activity(activity_path)
-        self.comm_counts: dict[str, int] = {}  # pipelib.comm.message.device_counters: bytes, messages
+        self.comm_counts: dict[str, int] = {}  # `counters()`: bytes and messages sent and received
         self.outstanding: dict = {}  # pipelib.comm.message.Handle: posted, not yet waited, by id
         self.scratch: dict = {}      # pipelib.comm.ring.scratch_buffer: receive buffers kept, by dtype
         self.groups: dict = {}       # process groups made once (pipelib.runtime.mesh), by key

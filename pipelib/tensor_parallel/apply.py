@@ -65,13 +65,6 @@ def sync_sequence_grads(model: nn.Module) -> int:
     return flat.numel()
 
 
-def tp_unshard(shards: list[torch.Tensor], dim: int, fused: int = 1) -> torch.Tensor:
-    """The full tensor from the ranks' shards cut by `tp_shard_rows` (`pipelib.placement.join_shards`)."""
-    from pipelib.placement import join_shards
-
-    return join_shards(shards, dim, fused)
-
-
 def tp_full_gradients(model: nn.Module, group, *, what: str = "grad") -> dict[str, torch.Tensor]:
     """Every gradient (or with what="data", every parameter) of the sharded model, whole, under
     the unsharded model's names: sharded ones all-gathered with torch's built-in, replicated

@@ -120,7 +120,8 @@ def _gather_tp_seq(x, group):
 
 
 def _tp_step(config, b, s, t, impl, sequence_parallel, dtype, seed, data_seed):
-    from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients, tp_unshard
+    from pipelib.placement import join_shards
+    from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients
 
     model, group = _tp_build(config, t, impl, sequence_parallel, dtype, seed)
     if model is None:
@@ -133,7 +134,7 @@ def _tp_step(config, b, s, t, impl, sequence_parallel, dtype, seed, data_seed):
             if n.startswith("blocks."):
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 if n.endswith("c_attn.weight") or n.endswith("c_attn.bias"):
-                    g = tp_unshard(list(g.chunk(t, dim=0)), 0, 3)
+                    g = join_shards(list(g.chunk(t, dim=0)), 0, 3)
                 grads[n] = g.detach().clone()
     else:
         sync_sequence_grads(model)
@@ -191,7 +192,7 @@ def dtensor_tp_gpt_step(config, b: int, s: int, t: int, *, sequence_parallel: bo
     from torch.distributed.tensor.parallel import loss_parallel
 
     from pipelib.model import GPT
-    from pipelib.tensor_parallel.apply import tp_unshard
+    from pipelib.placement import join_shards
     from pipelib.tensor_parallel.step import tp_batch, tp_group
 
     group = tp_group(t)
@@ -207,7 +208,7 @@ def dtensor_tp_gpt_step(config, b: int, s: int, t: int, *, sequence_parallel: bo
     for n, p in model.named_parameters():
         g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
         if n.endswith("c_attn.weight") or n.endswith("c_attn.bias"):
-            g = tp_unshard(list(g.chunk(t, dim=0)), 0, 3)
+            g = join_shards(list(g.chunk(t, dim=0)), 0, 3)
         grads[n] = g.detach().clone()
     first = dist.get_rank(group) == 0
     loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss

@@ -129,7 +129,7 @@ def _layers_alone(t, sp, dtype):
     import torch.distributed as dist
 
     from pipelib.model import GPT, GPTConfig
-    from pipelib.tensor_parallel.apply import tp_unshard
+    from pipelib.placement import join_shards
     from pipelib.tensor_parallel.layers import parallel_attention, parallel_mlp
     from pipelib.tensor_parallel.ops import TPComm
     from pipelib.tensor_parallel.step import tp_group
@@ -163,7 +163,7 @@ def _layers_alone(t, sp, dtype):
             if p.tp_dim is not None:
                 parts = [torch.empty_like(gs) for _ in range(t)]
                 dist.all_gather(parts, gs, group=group)
-                gs = tp_unshard(parts, p.tp_dim, p.tp_fused)
+                gs = join_shards(parts, p.tp_dim, p.tp_fused)
             worst = max(worst, (gs - dict(full.named_parameters())[pname].grad).abs().max().item())
     return worst
 
