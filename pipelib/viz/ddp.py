@@ -20,8 +20,10 @@ from pipelib.viz.timeline import timeline_figure
 
 COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2")
 MODEL_COLORS = ("#222222", "#7f7f7f")
-BASE = MappingProxyType(dict(template="plotly_white", margin=dict(l=10, r=10, t=70, b=40),
-            legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")))
+# the legend under the plot: above it, a legend that wraps to two rows on a narrow page (the
+# book's column) runs into the title
+BASE = MappingProxyType(dict(template="plotly_white", margin=dict(l=10, r=10, t=60, b=40),
+                             legend=dict(orientation="h", x=0, xanchor="left", y=-0.2, yanchor="top")))
 
 
 def bucket_sweep_figure(rows: list[dict], series: dict[str, str], title: str = "Step time vs bucket size",
