@@ -75,6 +75,7 @@ def loss_curves_figure(curves: dict, title: str = "Training loss") -> go.Figure:
     for i, (name, ys) in enumerate(curves.items()):
         fig.add_scatter(x=list(range(1, len(ys) + 1)), y=list(ys), mode="lines", name=name,
                         line=styles[i % len(styles)], opacity=0.5 if i == 0 else 1.0)
-    fig.update_layout(title=title, template="plotly_white", xaxis_title="optimizer step", yaxis_title="loss (nats per character)",
+    fig.update_layout(title=title, template="plotly_white",
+                      xaxis_title="optimizer step", yaxis_title="loss (nats per character)",
                       height=340, margin=dict(t=50, b=40))
     return fig
