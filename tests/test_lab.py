@@ -321,6 +321,13 @@ def test_chapter_runs_all_cells_in_jupyterlab(chromium, lab, chapter):
             f"{chapter.name}: no timeline figure drawn (of {len(figures)} figures)")
         bad = _timeline_problems(figures)
         assert not bad, f"{chapter.name}: timelines drawn wrong in JupyterLab:\n" + "\n".join(bad)
+        shots = os.environ.get("PIPELIB_LAB_SHOTS")  # a folder: every figure as JupyterLab drew it
+        if shots:
+            os.makedirs(shots, exist_ok=True)
+            plots = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot")
+            for i in range(plots.count()):
+                plots.nth(i).scroll_into_view_if_needed()
+                plots.nth(i).screenshot(path=os.path.join(shots, f"{chapter.stem}-{i}.png"))
         if "explorer(" in chapter.read_text():
             _explorer_moves(page)
         assert not errors, f"{chapter.name}: JavaScript errors in JupyterLab:\n" + "\n".join(errors[:20])
