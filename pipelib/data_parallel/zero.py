@@ -32,8 +32,20 @@ rank's shard and its optimizer's state.
 `mixed_precision=True`: the model runs in 16-bit (`param_dtype`, bf16 by default: no loss
 scaling needed), gradients are 16-bit and are reduced in 16-bit, and the optimizer updates
 fp32 master weights (its own shard of them), copied back to 16-bit after every step: with Adam,
-K = 12 bytes per parameter of optimizer state, as in the paper. Frozen parameters are cast to
-16-bit too, so that the model runs in one dtype.
+K = 12 bytes per parameter of optimizer state, as in the paper (16 bytes in all). Frozen
+parameters are cast to 16-bit too, so that the model runs in one dtype. `reduce_dtype=
+torch.float32` keeps the gradients in fp32 instead, as bf16 practice does (18 bytes per
+parameter): stages 2-3 upcast each unit's gradients before the reduce-scatter (FSDP2's
+`MixedPrecisionPolicy(reduce_dtype=torch.float32)`) and accumulate micro-batches into fp32
+shards; stages 0-1 add each 16-bit gradient into an fp32 buffer as soon as autograd made it
+(Megatron's `main_grad`). A sum of N bf16 gradients rounds to 8 significant bits at every hop
+of the ring; in fp32 it does not.
+
+Stage 3 options (`pipelib.data_parallel.zero_gather`): `prefetch=True` issues the next
+module's all-gather while the current one computes (forward and backward; on a simulated
+device on a second lane of the clock); `reshard_after_forward=False` keeps every gathered
+unit until its gradients are reduced, so backward gathers nothing: 2 (n-1)/n psi b sent
+instead of 3, for the unsharded parameters held between forward and backward.
 
 Memory is measured from the tensors this rank really holds (`memory()`) and accounted on the
 device's tracker as differences (`pipelib.data_parallel.zero_memory`), so ZeRO nests inside a
@@ -49,17 +61,19 @@ import torch
 
 from pipelib.comm import collectives as C
 from pipelib.data_parallel.zero_formulas import check_stage
+from pipelib.data_parallel.zero_gather import ZeROGather
 from pipelib.data_parallel.zero_memory import ZeROMemory
 from pipelib.data_parallel.zero_shards import ZeROShards
 from pipelib.data_parallel.zero_units import build_units
 from pipelib.runtime.device import current
 
 
-class ZeRO(ZeROMemory, ZeROShards):
+class ZeRO(ZeROGather, ZeROMemory, ZeROShards):
     """Data parallelism with ZeRO stage 0, 1, 2 or 3 and any torch optimizer (default Adam)."""
 
     def __init__(self, model: torch.nn.Module, group=None, stage: int = 1, *, optimizer=None,
-                 mixed_precision: bool = False, param_dtype=torch.bfloat16, units=None, check: bool = True,
+                 mixed_precision: bool = False, param_dtype=torch.bfloat16, reduce_dtype=None,
+                 prefetch: bool = False, reshard_after_forward: bool = True, units=None, check: bool = True,
                  adamw: bool = False, **optimizer_kwargs):
         import torch.distributed as dist
 
@@ -77,13 +91,18 @@ class ZeRO(ZeROMemory, ZeROShards):
                              f"weights are fp32 (bf16 compute with mixed_precision=True), so a "
                              f"{wrong[0].replace('torch.', '')} model would be trained in fp32 without a word. "
                              f"Pass the model in torch.float32 (model.float())")
+        self.dtype = param_dtype if mixed_precision else torch.float32
+        self.grad_dtype = _grad_dtype(reduce_dtype, self.dtype)
+        if (prefetch or not reshard_after_forward) and self.stage != 3:
+            raise ValueError(f"ZeRO: prefetch={prefetch}, reshard_after_forward={reshard_after_forward} "
+                             f"with stage={self.stage}; both concern gathering parameters, which only "
+                             f"stage 3 does. Use stage=3, or leave them at their defaults")
         self.group, self.n, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
         if self.rank < 0:
             raise ValueError(f"rank {dist.get_rank()}: ZeRO on a group this rank is not part of")
         if check:
             check_same_parameters(model, group)
         self.model, self.mixed = model, bool(mixed_precision)
-        self.dtype = param_dtype if self.mixed else torch.float32
         self.dev = current()
         self._start_accounting(model)  # the full parameters it replaces, if the device tracked them
         self.units, self.uses = build_units(model, self.n, self.rank, self.dtype, units)
@@ -94,12 +113,15 @@ class ZeRO(ZeROMemory, ZeROShards):
                 if not p.requires_grad:
                     p.data = p.data.to(self.dtype)  # frozen: not trained, but run in the model's dtype
         for u in self.units:
-            if self.stage <= 1:  # full gradients, as views of one flat buffer per unit
-                u.gflat = torch.zeros(u.padded, dtype=self.dtype, device=u.flat.device)
+            if self.stage <= 1:  # full gradients in one flat buffer per unit
+                u.gflat = torch.zeros(u.padded, dtype=self.grad_dtype, device=u.flat.device)
                 for (o, k), (_, p) in zip(u.offsets, u.params):
-                    p.grad = u.gflat[o:o + k].view(p.shape)
+                    if self.grad_dtype == self.dtype:
+                        p.grad = u.gflat[o:o + k].view(p.shape)  # autograd accumulates into the buffer
+                    else:  # fp32 main gradients: each 16-bit gradient added in, then dropped
+                        p.register_post_accumulate_grad_hook(self._to_main_grad)
             else:
-                u.gshard = torch.zeros(u.shard, dtype=self.dtype, device=u.flat.device)
+                u.gshard = torch.zeros(u.shard, dtype=self.grad_dtype, device=u.flat.device)
                 for _, p in u.params:
                     p.register_post_accumulate_grad_hook(self._grad_ready)
             if self.stage == 3:
@@ -110,9 +132,11 @@ class ZeRO(ZeROMemory, ZeROShards):
                 u.master = u.mine if self.stage == 3 else (u.flat if self.stage == 0 else u.local())
             u.init32 = None
         self._unit_of = {id(p): u for u in self.units for _, p in u.params}
+        self._offset_of = {id(p): ok for u in self.units for ok, (_, p) in zip(u.offsets, u.params)}
         self._reduced = False  # the averaged gradients are in u.master.grad (until the step)
         # the optimizer sees this rank's shards only: its state is sharded with them
         self.optimizer = make_optimizer([u.master for u in self.units], **optimizer_kwargs)
+        self._setup_gather(prefetch, reshard_after_forward)
         if self.stage == 3:
             for mod in self.uses:
                 mod.register_forward_pre_hook(self._pre_forward)
@@ -125,35 +149,19 @@ class ZeRO(ZeROMemory, ZeROShards):
     def __call__(self, *args, **kwargs):
         if self.mixed:
             args = [a.to(self.dtype) if torch.is_tensor(a) and a.is_floating_point() else a for a in args]
-        return self.model(*args, **kwargs)
+        out = self.model(*args, **kwargs)
+        self._forward_done()
+        return out
 
-    def _gather(self, u) -> None:
-        if u.gathered:
-            return
-        self._account("parameters", u.nbytes, f"parameters of {u.name}")
-        self._comm(u.nbytes)
-        u.restore(C.all_gather(u.mine, group=self.group))
-        self._comm(-u.nbytes)
-
-    def _free(self, u) -> None:
-        self._account("parameters", -u.release())
-
-    def _pre_forward(self, mod, args):
-        for u in self.uses[mod]:
-            self._gather(u)
-
-    def _post_forward(self, mod, args, out):
-        for u in self.uses[mod]:
-            self._free(u)
-        outs = [out] if torch.is_tensor(out) else [o for o in out if torch.is_tensor(o)] \
-            if isinstance(out, (tuple, list)) else []
-        t = next((o for o in outs if o.requires_grad), None)
-        if t is not None:  # its gradient arrives just before this module's backward runs
-            t.register_hook(lambda g, mod=mod: self._pre_backward(mod))
-
-    def _pre_backward(self, mod):
-        for u in self.uses[mod]:
-            self._gather(u)
+    def _to_main_grad(self, p) -> None:
+        """Stages 0-1 with fp32 gradients: add the 16-bit gradient into the fp32 buffer (Megatron's
+        `main_grad`: micro-batches accumulate in fp32 too), then drop it."""
+        nbytes = p.grad.numel() * p.grad.element_size()
+        self._account("gradients", nbytes, "gradient")
+        o, k = self._offset_of[id(p)]
+        self._unit_of[id(p)].gflat[o:o + k].add_(p.grad.reshape(-1))
+        p.grad = None
+        self._account("gradients", -nbytes)
 
     def _grad_ready(self, p) -> None:
         self._account("gradients", p.grad.numel() * p.grad.element_size(), "gradient")
@@ -163,8 +171,10 @@ class ZeRO(ZeROMemory, ZeROShards):
             self._reduce_unit(u)
 
     def _reduce_unit(self, u) -> None:
-        """Stages 2-3: reduce-scatter one unit's gradients into this rank's shard, drop them."""
-        flat = u.flat_grads()
+        """Stages 2-3: reduce-scatter one unit's gradients (in `grad_dtype`: fp32 upcasts them
+        first) into this rank's shard, drop them, and (stage 3) free the unit."""
+        self._lap()
+        flat = u.flat_grads(self.grad_dtype)
         self._comm(flat.numel() * flat.element_size())
         self._account("gradients", -sum(p.grad.numel() * p.grad.element_size()
                                         for _, p in u.params if p.grad is not None))
@@ -175,6 +185,7 @@ class ZeRO(ZeROMemory, ZeROShards):
         u.pending = len(u.params)
         if self.stage == 3:
             self._free(u)
+        self._resume()
 
     # ------------------------------------------------------------------ the optimizer step
     def reduce_gradients(self) -> None:
@@ -203,13 +214,28 @@ class ZeRO(ZeROMemory, ZeROShards):
         """Average the gradients (the stage's collective), one optimizer step on this rank's
         shard, and bring every rank's parameters up to date."""
         self.reduce_gradients()
+        self.update()
+        self.publish()
+
+    def update(self) -> None:
+        """The optimizer step on this rank's shards (after `reduce_gradients`): it reads and
+        writes psi / N elements per rank from stage 1 on, psi at stage 0."""
+        self.reduce_gradients()
         self.optimizer.step()
         self.sync_memory()  # the optimizer's state appears at its first step: an out-of-memory shows here
         for u in self.units:
             u.master.grad = None
         self._reduced = False
+
+    def publish(self) -> None:
+        """Bring the parameters the model runs up to date (after `update`)."""
         self._publish()
         self.sync_memory()
+
+    @property
+    def updated_numel(self) -> int:
+        """Elements this rank's optimizer updates (padded): psi at stage 0, psi / N from stage 1."""
+        return sum(u.master.numel() for u in self.units)
 
     @torch.no_grad()
     def _publish(self) -> None:
@@ -226,6 +252,17 @@ class ZeRO(ZeROMemory, ZeROShards):
     def zero_grad(self) -> None:
         for u in self.units:
             (u.gflat if self.stage <= 1 else u.gshard).zero_()
+
+
+def _grad_dtype(reduce_dtype, dtype):
+    """The gradients' dtype: the parameters' (None), or torch.float32 (fp32 gradients under
+    bf16 parameters: FSDP2's reduce_dtype, Megatron's main_grad)."""
+    if reduce_dtype is None or reduce_dtype == dtype:
+        return dtype
+    if reduce_dtype != torch.float32:
+        raise ValueError(f"ZeRO: reduce_dtype={reduce_dtype}; use None (the parameters' {dtype}) or "
+                         f"torch.float32 (gradients upcast and reduced in fp32)")
+    return torch.float32
 
 
 def _optimizer(optimizer, adamw: bool, kwargs: dict):

@@ -12,15 +12,36 @@ two moments per parameter), one rank holds
 In fp32 (no master copy: the optimizer updates the parameters themselves) the parameter and
 gradient bytes are 4 and K = 8 (two moments); the total is 16 psi again, split 4 + 4 + 8.
 
+The paper's 16 assumes fp16 gradients. Common bf16 practice keeps the gradients in fp32
+(Megatron's `main_grad`, FSDP2's `MixedPrecisionPolicy(reduce_dtype=torch.float32)`): 2 + 4 + 12
+= 18 bytes per parameter, and 6 + 12/N with the optimizer state sharded (Megatron Core's
+distributed optimizer: "6 + 12/d"); `fp32_grads=True` counts that.
+
 pipelib's ZeRO (`pipelib.data_parallel.zero`) keeps each layer's parameters as one flat buffer
 padded to a multiple of N, so N equal shards exist: every formula holds *exactly* with psi
 replaced by the padded count `padded_numel` (at most N - 1 extra elements per layer), plus
 torch's Adam `step` counter, one fp32 scalar per tensor it updates (one per layer: 4 bytes each).
 
-Communication per rank per step (bytes sent, ring collectives, b bytes per element): stages 0-2
-send 2 (N-1)/N psi b (all-reduce, or reduce-scatter of gradients + all-gather of parameters);
-stage 3 sends 3 (N-1)/N psi b (parameters gathered in forward and again in backward, gradients
-reduce-scattered): 1.5x.
+Communication per rank per optimizer step (bytes sent, ring collectives, p and g bytes per
+parameter and gradient element, k micro-batches of gradient accumulation):
+
+    stage 0 (DDP with no_sync)  2 (N-1)/N psi g           all-reduce once, at the step
+    stage 1                     (N-1)/N psi (g + p)       reduce-scatter at the step + all-gather
+    stage 2                     (N-1)/N psi (k g + p)     a reduce-scatter after every backward
+    stage 3                     (N-1)/N psi k (2 p + g)   gathers and reduce-scatter per micro-batch
+    stage 3, no reshard         (N-1)/N psi k (p + g)     reshard_after_forward=False
+
+With k = 1 and p = g: 2, 2, 2 and 3 (N-1)/N psi p, stage 3's 1.5x (ZeRO section 7.2). With k > 1
+stages 2 and 3 send more, because they keep no full gradient to accumulate into: DeepSpeed's
+maintainers say so ("for zero stage 2 (and 3), gradient reduction is required after every
+backward because of gradient partitioning", deepspeedai/DeepSpeed#2252). FSDP2 can keep the
+unsharded gradients across micro-batches instead (`set_requires_gradient_sync(False)`), paying
+stage 1's memory for them.
+
+The optimizer step reads and writes every element it updates: Adam reads the parameter, its
+gradient and two moments and writes the parameter and the moments, 28 bytes per fp32 element
+(`adam_bytes_moved`, plus the 16-bit copy it writes in mixed precision): memory-bound, and N
+times less per rank from stage 1 on, since each rank updates psi / N elements.
 
 Introduced in chapter 08.
 """
@@ -40,9 +61,18 @@ def check_stage(stage, context: str = "ZeRO") -> int:
     return int(stage)
 
 
-def element_bytes(mixed_precision: bool) -> tuple[int, int, int]:
-    """(parameter bytes, gradient bytes, K optimizer bytes) per parameter."""
-    return (2, 2, 12) if mixed_precision else (4, 4, 8)
+def element_bytes(mixed_precision: bool, fp32_grads: bool = False) -> tuple[int, int, int]:
+    """(parameter bytes, gradient bytes, K optimizer bytes) per parameter: the paper's 2 + 2 + 12
+    in mixed precision, 2 + 4 + 12 with fp32 gradients (bf16 practice), 4 + 4 + 8 in fp32."""
+    if not mixed_precision:
+        return 4, 4, 8
+    return (2, 4, 12) if fp32_grads else (2, 2, 12)
+
+
+def adam_bytes_moved(numel: int, mixed_precision: bool = False) -> int:
+    """Memory traffic of one Adam step over `numel` elements: 28 bytes each (reads p, g, m, v,
+    writes p, m, v in fp32), plus 2 in mixed precision (the 16-bit copy of the master weight)."""
+    return (30 if mixed_precision else 28) * int(numel)
 
 
 def padded_numel(unit_sizes, world_size: int) -> int:
@@ -51,15 +81,16 @@ def padded_numel(unit_sizes, world_size: int) -> int:
 
 
 def zero_state_bytes(psi: int, world_size: int, stage: int, mixed_precision: bool = True,
-                     num_tensors: int = 0) -> ModelStateBytes:
+                     num_tensors: int = 0, fp32_grads: bool = False) -> ModelStateBytes:
     """Bytes of parameters, gradients and optimizer state on one rank (section 5 of the paper).
 
     `psi` should divide by `world_size` (pass `padded_numel` for pipelib's padded layout);
-    `num_tensors` adds Adam's fp32 step counters (4 bytes per tensor the optimizer updates)."""
+    `num_tensors` adds Adam's fp32 step counters (4 bytes per tensor the optimizer updates);
+    `fp32_grads` keeps the gradients in fp32 under mixed precision (18 bytes at stage 0)."""
     check_stage(stage, "zero_state_bytes")
     if world_size < 1:
         raise ValueError(f"zero_state_bytes: world_size={world_size}; use at least 1")
-    p, g, k = element_bytes(mixed_precision)
+    p, g, k = element_bytes(mixed_precision, fp32_grads)
     shard = psi / world_size if psi % world_size else psi // world_size
     params = p * (shard if stage == 3 else psi)
     grads = g * (shard if stage >= 2 else psi)
@@ -67,12 +98,19 @@ def zero_state_bytes(psi: int, world_size: int, stage: int, mixed_precision: boo
     return ModelStateBytes(params, grads, opt)
 
 
-def zero_comm_bytes(psi: int, world_size: int, stage: int, mixed_precision: bool = True) -> float:
-    """Bytes one rank sends per step with ring collectives: 2 (N-1)/N psi b, or 3 for stage 3."""
+def zero_comm_bytes(psi: int, world_size: int, stage: int, mixed_precision: bool = True, *,
+                    accumulate: int = 1, fp32_grads: bool = False, reshard_after_forward: bool = True) -> float:
+    """Bytes one rank sends per optimizer step with ring collectives (the module docstring's
+    table): 2 (N-1)/N psi b for stages 0-2 and 3 for stage 3 with one micro-batch; with
+    `accumulate` = k micro-batches, stages 2 and 3 reduce (and stage 3 gathers) k times."""
     check_stage(stage, "zero_comm_bytes")
-    b = element_bytes(mixed_precision)[0]
-    factor = 3 if stage == 3 else 2
-    sent = factor * (world_size - 1) * psi * b
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"zero_comm_bytes: accumulate={accumulate!r}; use a whole number of micro-batches >= 1")
+    p, g, _ = element_bytes(mixed_precision, fp32_grads)
+    k = accumulate
+    per_elem = {0: 2 * g, 1: g + p, 2: k * g + p,
+                3: k * ((2 if reshard_after_forward else 1) * p + g)}[stage]
+    sent = per_elem * (world_size - 1) * psi
     return sent // world_size if sent % world_size == 0 else sent / world_size
 
 

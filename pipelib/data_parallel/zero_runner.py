@@ -99,51 +99,71 @@ def reference_adam(spec: dict, steps: int, batch: int, *, lr: float = 1e-3, mixe
 
 
 def zero_train(spec: dict, stage: int, steps: int = 3, batch: int = 8, *, lr: float = 1e-3,
-               mixed_precision: bool = False, group=None, timed: bool = True) -> StepResult:
-    """Train `steps` ZeRO steps on this rank (call on every rank of `group`).
+               mixed_precision: bool = False, accumulate: int = 1, group=None, timed: bool = True,
+               **zero_kw) -> StepResult:
+    """Train `steps` ZeRO steps on this rank (call on every rank of `group`); `zero_kw` go to
+    `ZeRO` (reduce_dtype, prefetch, reshard_after_forward).
 
-    Forward, backward and the optimizer step are compute ops of the device (modelled on a
-    simulated one; collectives inside them advance the clock as well). The run is one
+    Each step runs `accumulate` micro-batches (this rank's rows cut in `accumulate`, each loss
+    divided by it) before one optimizer step. Forward and backward are timed in laps around
+    ZeRO's own communication (`ZeRO.timed`: modelled on a simulated device); the optimizer
+    step is a compute op reading and writing `adam_bytes_moved` of the elements this rank
+    updates (memory-bound: N times less from stage 1 on), between the stage's gradient
+    collective and its parameter all-gather. The run is one
     `Device.measure(fresh_memory=True)` scope (a new model: its memory starts from nothing,
     and the device's tracker is its own again afterwards), each step one `Device.measure()`.
     `losses`: the whole batch's loss per step (the ranks' means averaged, with an untraced gloo
     all-reduce). stats: "memory" measured after the last step (persistent state), "tracker"
     (the device's memory tracker then, by category), "peak" (the most it held during the
     run), "bytes_sent" per step (this rank's payload bytes, `Measurement.bytes_sent`), "psi",
-    "padded", "units"."""
+    "padded", "units", "gathered peak" (the most bytes of unsharded units held at once: stage
+    3's transient working set), "optimizer bytes" (the Adam traffic charged per step)."""
     import torch.distributed as dist
 
     from pipelib.data_parallel.zero import ZeRO
+    from pipelib.data_parallel.zero_formulas import adam_bytes_moved
     from pipelib.runtime.device import current
 
     dev = current()
     n, r = dist.get_world_size(group), dist.get_rank(group)
+    if (batch // n) % accumulate:
+        raise ValueError(f"zero_train: {batch // n} rows per rank do not split into accumulate={accumulate} "
+                         f"micro-batches; use a batch that is a multiple of {n * accumulate}")
     losses, times, sent = [], [], []
     grads = {}
     with dev.measure(fresh_memory=True) as run:
-        zero = ZeRO(zero_model(spec), group, stage=stage, lr=lr, mixed_precision=mixed_precision)
+        zero = ZeRO(zero_model(spec), group, stage=stage, lr=lr, mixed_precision=mixed_precision, **zero_kw)
+        opt_bytes = adam_bytes_moved(zero.updated_numel, mixed_precision)
         for x, y in zero_batches(spec, steps, batch, n, r):
+            micro = x.shape[0] // accumulate
+            total = 0.0
             with dev.measure() as one:
-                with dev.compute("F"):
-                    loss = zero_loss(zero, x, y)
-                with dev.compute("B"):
-                    loss.backward()
+                for k in range(accumulate):
+                    rows = slice(k * micro, (k + 1) * micro)
+                    with zero.timed("F"):
+                        loss = zero_loss(zero, x[rows], y[rows]) / accumulate
+                    with zero.timed("B"):
+                        loss.backward()
+                    total += loss.item()
                 grads_now = None
                 if len(losses) == steps - 1:
                     grads_now = zero.full_gradients()
-                with dev.compute("optimizer", duration=0.0 if dev.modelled else None):
-                    zero.step()
-                    zero.zero_grad()
+                zero.reduce_gradients()
+                with dev.compute("optimizer", flops=0.0, nbytes=opt_bytes):
+                    zero.update()
+                zero.publish()
+                zero.zero_grad()
             times.append(one.time)
             sent.append(one.bytes_sent)
-            mean = loss.detach().clone()
+            mean = torch.tensor([total])
             dist.all_reduce(mean, group=group)  # raw gloo, untraced: the whole batch's loss, for curves
             losses.append(mean.item() / n)
             grads = grads_now or grads
         memory, tracker = zero.memory(), dict(dev.memory.bytes)
     stats = {"memory": memory, "tracker": tracker, "peak": run.peak_bytes, "bytes_sent": tuple(sent),
              "psi": sum(u.numel for u in zero.units), "padded": sum(u.padded for u in zero.units),
-             "units": len(zero.units), "world_size": n, "stage": stage, "mixed_precision": mixed_precision}
+             "units": len(zero.units), "world_size": n, "stage": stage, "mixed_precision": mixed_precision,
+             "gathered peak": zero.gathered_peak, "optimizer bytes": opt_bytes, "accumulate": accumulate}
     return StepResult(loss=losses[-1], grads=grads, stats=stats, times=tuple(times), losses=tuple(losses),
                       params=zero.full_parameters())
 
@@ -188,4 +208,8 @@ def train_zero(cluster, spec: dict, stage: int, *, world_size: int | None = None
 
     check_stage(stage, "train_zero")
     n = check_world(cluster, world_size, batch, "train_zero")
+    k = kw.get("accumulate", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or batch % (n * k):
+        raise ValueError(f"train_zero: accumulate={k!r} with a global batch of {batch} on {n} ranks; use a "
+                         f"whole number of micro-batches >= 1 that divides the {batch // n} rows per rank")
     return cluster.run(_zero_on_rank, n, zero_train, (spec, stage, steps, batch), kw)

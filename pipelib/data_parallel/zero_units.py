@@ -131,9 +131,10 @@ class FlatUnit:
         self.gathered = True
         return self.nbytes
 
-    def flat_grads(self) -> torch.Tensor:
-        """The parameters' gradients in one new padded buffer (zeros where a gradient is None)."""
-        out = torch.zeros(self.padded, dtype=self.dtype, device=self.flat.device)
+    def flat_grads(self, dtype=None) -> torch.Tensor:
+        """The parameters' gradients in one new padded buffer of `dtype` (the parameters' by
+        default; torch.float32 upcasts them), zeros where a gradient is None."""
+        out = torch.zeros(self.padded, dtype=dtype or self.dtype, device=self.flat.device)
         for (off, k), (_, p) in zip(self.offsets, self.params):
             if p.grad is not None:
                 out[off:off + k].copy_(p.grad.reshape(-1))
