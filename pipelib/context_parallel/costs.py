@@ -12,13 +12,20 @@ causal zigzag) at 4 B H D FLOPs each, while one K/V block of 2N bytes crosses th
 transfer hides behind compute when 4 B H D c^2 / F >= alpha + 2 B H c D i / beta; ignoring
 alpha, when c >= c* = i F / (2 beta): the crossover shard length depends only on the device's
 FLOP/s per link byte (`DeviceProfile.flops_per_link_byte`) and the element size, not on B, H
-or D. For an H100 over NVLink in bf16 that is about 2,200 rows; over PCIe, 20,000.
+or D (for multi-head attention). For an H100 over NVLink in bf16 that is about 2,200 rows;
+over PCIe, 20,000.
 
 Memory, as the memory tracker counts it (`ring.held`: the saved tensors measured, the working
-buffers declared by size): a ring rank holds its shard's Q, K, V, O and lse for backward,
-3 K/V-sized buffers during backward and one score block (S and P) of its largest piece pair:
-all of it a function of c alone, so the longest context grows exactly n-fold with n ranks.
-Receive buffers, dO and dQ are not counted (a model of an allocator, not one).
+buffers declared by size): a ring rank holds its shard's Q, K, V, O and lse for backward; during
+backward the K/V block in hand and the receive buffer of the next, the dK/dV accumulator and the
+incoming one, dQ and one block's dQ, dK, dV (16 B H c D at input width for multi-head
+attention); and one score block (S and P) of its largest piece pair (`ring_memory`): all of it
+a function of c alone, so from two ranks on the longest context grows exactly n-fold. For
+16-bit inputs the accumulators are fp32, which doubles their share. dO and the temporaries
+inside one block's compute are not counted (a model of an allocator, not one).
+
+Grouped-query attention (`kv_heads` < heads): K/V blocks and their bytes scale with H_kv, the
+compute with H, so the crossover shrinks by H_kv / H.
 
 `overlap_stats` reads how much transfer time a measured trace hid behind compute.
 
@@ -27,14 +34,25 @@ Pure: no torch. Introduced in chapter 17.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from pipelib.context_parallel.layouts import layout_info
 
 
-def ring_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
-    """Ring attention: n - 1 K/V blocks forward; n - 1 K/V blocks and n dK/dV blocks backward."""
-    block = 2 * batch * heads * shard_len * head_dim * itemsize
-    return {"forward": (n - 1) * block, "backward": (2 * n - 1) * block if n > 1 else 0}
+def grad_width(itemsize: int) -> int:
+    """Bytes per element of the ring's dQ and dK/dV accumulators: fp32 for 16-bit inputs (as
+    ring-flash-attention), else the input's (`ring.accumulator_dtype`)."""
+    return 4 if itemsize < 4 else itemsize
+
+
+def ring_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int,
+               kv_heads: int | None = None) -> dict:
+    """Ring attention: n - 1 K/V blocks forward; n - 1 K/V blocks and n dK/dV blocks backward,
+    the dK/dV at `grad_width` (fp32 for 16-bit inputs). Only the `kv_heads` (default: heads)
+    travel: with grouped-query attention the bytes are H_kv / H of multi-head attention's."""
+    block = 2 * batch * (kv_heads or heads) * shard_len * head_dim * itemsize
+    grads = n * block * grad_width(itemsize) // itemsize
+    return {"forward": (n - 1) * block, "backward": (n - 1) * block + grads if n > 1 else 0}
 
 
 def allgather_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
@@ -60,15 +78,15 @@ def _compute(profile, batch: int, heads: int, shard_len: int, head_dim: int, n: 
 
 
 def ring_time(profile, batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int,
-              causal: bool = True) -> float:
+              causal: bool = True, kv_heads: int | None = None) -> float:
     """Predicted seconds of one ring step: each of the n - 1 forward and n - 1 backward ring steps
-    lasts the longer of its compute (1/n of the rank's) and one K/V block's message (K/V and
-    dK/dV fly side by side backward); the last hop of dK/dV home hides behind the deferred dQ
-    (a fifth of one step's backward)."""
+    lasts the longer of its compute (1/n of the rank's, over all `heads`) and one K/V block's
+    message (`kv_heads` of them; K/V and dK/dV fly side by side backward, both counted at input
+    width); the last hop of dK/dV home hides behind the deferred dQ (a fifth of one step's backward)."""
     f, b = _compute(profile, batch, heads, shard_len, head_dim, n, causal)
     if n == 1:
         return f + b
-    m = profile.message_time(2 * batch * heads * shard_len * head_dim * itemsize)
+    m = profile.message_time(2 * batch * (kv_heads or heads) * shard_len * head_dim * itemsize)
     return (n - 1) * (max(f / n, m) + max(b / n, m)) + f / n + b / n + max(0.0, m - b / (5 * n))
 
 
@@ -90,31 +108,66 @@ def ulysses_time(profile, batch: int, heads: int, shard_len: int, head_dim: int,
 
 
 def crossover_shard_len(flops: float, alpha: float, beta: float, batch: int, heads: int, head_dim: int,
-                        itemsize: int, pairs_share: float = 1.0) -> float:
+                        itemsize: int, pairs_share: float = 1.0, kv_heads: int | None = None) -> float:
     """The shard length c at which one ring step's compute (pairs_share c^2 visible pairs, 4 B H D
-    FLOPs each, at `flops` FLOP/s) equals one K/V block's message time alpha + 2 B H c D i / beta."""
+    FLOPs each, at `flops` FLOP/s) equals one K/V block's message time alpha + 2 B H_kv c D i / beta.
+    Without alpha, c* = i F / (4 pairs_share beta) * H_kv / H: grouped-query attention moves
+    H_kv heads while computing over H, so its crossover is H_kv / H of multi-head attention's."""
     a = pairs_share * 4 * batch * heads * head_dim / flops     # a c^2 = alpha + b c
-    b = 2 * batch * heads * head_dim * itemsize / beta
+    b = 2 * batch * (kv_heads or heads) * head_dim * itemsize / beta
     return (b + math.sqrt(b * b + 4 * a * alpha)) / (2 * a)
 
 
-def ring_peak_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int,
-                    layout: str = "zigzag", tile: int | None = None) -> int:
-    """Peak bytes one ring rank holds in forward + backward: Q, K, V, O (4 B H c D) and lse
-    (B H c) saved; during backward K/V, its next block and dK/dV (6 B H c D); one score block
-    S and P of the largest piece (2 B H p^2, p = c/2 under zigzag, else c; at most `tile`;
-    `layouts.Layout.longest_piece`)."""
+@dataclass(frozen=True)
+class RingMemory:
+    """Bytes one ring rank holds at its peak (the backward), by what holds them."""
+
+    saved: int          # Q, O (H heads), K, V (H_kv heads), lse: saved for backward (measured by the tracker)
+    kv_blocks: int      # the K/V block in hand, the next one's receive buffer, the GQA expansion to H heads
+    accumulators: int   # dK/dV (own and incoming, H_kv heads) and dQ (H heads), at the accumulator width
+    block_grads: int    # one block's dQ, dK, dV at H heads and input width
+    scores: int         # S and P of the largest piece pair (or tile)
+    kv_block: int       # one K/V block at input width (the unit the ring sends)
+
+    @property
+    def total(self) -> int:
+        return self.saved + self.kv_blocks + self.accumulators + self.block_grads + self.scores
+
+
+def ring_memory(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, layout: str = "zigzag",
+                tile: int | None = None, *, kv_heads: int | None = None, ranks: int = 2) -> RingMemory:
+    """What one ring rank holds during its backward (the peak: forward holds a subset), as the
+    memory tracker counts it (`ring.ring_buffer_bytes`): with N1 = B c D, Q and O at H heads,
+    K, V at H_kv; receive buffers only with `ranks` > 1; accumulators at `grad_width`; the score
+    block of the longest piece (c/2 under zigzag, else c; at most `tile`). Not counted: dO
+    (autograd's) and the temporaries inside one block's compute."""
+    kvh, n1, ring = kv_heads or heads, batch * shard_len * head_dim, ranks > 1
+    a = grad_width(itemsize)
     p = layout_info(layout).longest_piece(shard_len)
     p = p if tile is None else min(p, tile)
-    BH = batch * heads
-    return itemsize * BH * (10 * shard_len * head_dim + shard_len + 2 * p * p)
+    block = 2 * kvh * n1 * itemsize
+    return RingMemory(saved=itemsize * (2 * heads * n1 + 2 * kvh * n1 + batch * heads * shard_len),
+                      kv_blocks=block * (1 + ring) + (2 * heads * n1 * itemsize if kvh != heads else 0),
+                      accumulators=2 * kvh * n1 * a * (1 + ring) + heads * n1 * a,
+                      block_grads=3 * heads * n1 * itemsize,
+                      scores=2 * batch * heads * p * p * itemsize, kv_block=block)
+
+
+def ring_peak_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int,
+                    layout: str = "zigzag", tile: int | None = None, **kw) -> int:
+    """Peak bytes one ring rank holds in forward + backward: `ring_memory(...).total`. For
+    multi-head attention at input width on a ring (n > 1) that is 16 B H c D + B H c elements
+    and the score block: Q, K, V, O and lse saved; K/V, the next K/V, dK/dV, the incoming dK/dV,
+    dQ and one block's dQ, dK, dV. `kw`: kv_heads, ranks (see `ring_memory`)."""
+    return ring_memory(batch, heads, shard_len, head_dim, itemsize, layout, tile, **kw).total
 
 
 def max_shard_len(capacity: int, batch: int, heads: int, head_dim: int, itemsize: int,
-                  layout: str = "zigzag", step: int = 2, tile: int | None = None) -> int:
-    """The longest shard (a multiple of `step`) whose `ring_peak_bytes` fits in `capacity`."""
+                  layout: str = "zigzag", step: int = 2, tile: int | None = None, **kw) -> int:
+    """The longest shard (a multiple of `step`) whose `ring_peak_bytes` fits in `capacity`
+    (`kw`: kv_heads, ranks)."""
     c = step
-    while ring_peak_bytes(batch, heads, c + step, head_dim, itemsize, layout, tile) <= capacity:
+    while ring_peak_bytes(batch, heads, c + step, head_dim, itemsize, layout, tile, **kw) <= capacity:
         c += step
     return c
 

@@ -16,6 +16,13 @@ sends of dK/dV and n - 1 of K/V:
 
     backward bytes per rank = (2n - 1) * 2 B H c D * itemsize
 
+at input width; for 16-bit inputs the ring accumulates dQ and dK/dV, and sends dK/dV, in fp32
+(ring-flash-attention does the same), so there the backward is (n - 1) 2N + n 4N.
+
+Grouped-query attention (Ainslie et al. 2023): k and v may carry H_kv heads for q's H, H_kv
+dividing H. Only the H_kv heads travel (H in the formulas above becomes H_kv); each block is
+expanded to H heads for compute, and its dK/dV summed back over each group's query heads.
+
 Every message is posted before the compute it should hide behind. The last hop of each dK/dV
 accumulator home would have nothing to hide behind (its sender's last block is everyone's last
 block), so the last step sends dK/dV first and computes part of its dQ (dS K for its last pair
@@ -59,23 +66,48 @@ TAG_KV, TAG_KV_BACK, TAG_DKV = 170, 171, 172
 _FIELDS = MappingProxyType({"stage": None, "microbatch": None})
 
 
-def check_shards(name: str, q, k, v, group, layout: str | None) -> tuple[int, int, int]:
+def check_shards(name: str, q, k, v, group, layout: str | None, grouped_kv: bool = False) -> tuple[int, int, int]:
     """Every rank agrees on the shard's shape and dtype, and q, k, v agree here; returns
-    (n, rank in group, full sequence length). Raises before any message is sent."""
+    (n, rank in group, full sequence length). With `grouped_kv` (grouped-query attention, the
+    ring only), k and v may carry fewer heads than q, H_kv dividing H. Raises before any message
+    is sent."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
     if me < 0:
         raise ValueError(f"rank {dist.get_rank()}: {name} on a group this rank is not part of")
-    for t, what in ((k, "k"), (v, "v")):
-        if t.shape != q.shape or t.dtype != q.dtype:
-            raise ValueError(f"rank {dist.get_rank()}: {name}: q is {tuple(q.shape)} {q.dtype} but {what} is "
-                             f"{tuple(t.shape)} {t.dtype}; pass q, k, v shards of one shape (B, H, S/n, D) "
-                             f"and one dtype")
     if q.dim() != 4:
         raise ValueError(f"rank {dist.get_rank()}: {name}: q has shape {tuple(q.shape)}; pass (B, H, S/n, D)")
+    for t, what in ((k, "k"), (v, "v")):
+        heads_ok = t.dim() == 4 and grouped_kv and t.shape[1] > 0 and q.shape[1] % t.shape[1] == 0
+        same = t.shape == q.shape or (heads_ok and t.shape[:1] + t.shape[2:] == q.shape[:1] + q.shape[2:])
+        if not same or t.dtype != q.dtype or (what == "v" and v.shape != k.shape):
+            gqa = ("; k and v may have H_kv heads, H_kv dividing q's H (grouped-query attention)"
+                   if grouped_kv else "")
+            raise ValueError(f"rank {dist.get_rank()}: {name}: q is {tuple(q.shape)} {q.dtype} but {what} is "
+                             f"{tuple(t.shape)} {t.dtype}; pass q, k, v shards of one shape (B, H, S/n, D) "
+                             f"and one dtype{gqa}")
     check_same(name, q, group)
+    if grouped_kv:
+        check_same(name + " (k)", k, group)
     if layout is not None:
         check_layout(n * q.shape[2], n, layout, context=f"rank {dist.get_rank()}: {name}")
     return n, me, n * q.shape[2]
+
+
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The width dQ and dK/dV are accumulated (and dK/dV sent) at: fp32 for 16-bit inputs, as
+    ring-flash-attention does (its `dk = block_dk_buffer.to(torch.float32)`), else the input's."""
+    return torch.float32 if torch.finfo(dtype).bits < 32 else dtype
+
+
+def _expand(kv, group_size: int):
+    """(2, B, H_kv, c, D) -> (2, B, H, c, D): each K/V head repeated for its `group_size` query
+    heads, in torch's order (query head h reads K/V head h // group_size, `repeat_interleave`)."""
+    return kv if group_size == 1 else kv.repeat_interleave(group_size, dim=2)
+
+
+def _fold(grad, group_size: int):
+    """(B, H, c, D) -> (B, H_kv, c, D): the gradients of a repeated K/V head summed over its queries' heads."""
+    return grad if group_size == 1 else grad.unflatten(1, (-1, group_size)).sum(2)
 
 
 DQ_FLOPS_PER_PAIR = 2  # x head_dim x batch x heads: dQ = dS K, the one matmul done after the send
@@ -95,15 +127,31 @@ def _peer(group, p: int) -> int:
 def held(nbytes: int, what: str):
     """Declare `nbytes` of working buffers on this rank's memory tracker while the block runs
     (a simulated device raises its out-of-memory error here). The sizes are the caller's
-    bookkeeping, not an allocator's reading: the ring declares the K/V block in hand (forward),
-    that block, the next one and the dK/dV accumulator (backward) and one score tile; receive
-    buffers, dO, dQ and per-block temporaries are not declared (chapter 17 says so)."""
+    bookkeeping, not an allocator's reading (`ring_buffer_bytes` lists the ring's: every buffer
+    it allocates, receive buffers and accumulators included; dO, which autograd owns, and the
+    temporaries inside one block's compute are not declared, chapter 17 says so)."""
     mem = current().memory
     mem.add("buffers", nbytes, what)
     try:
         yield
     finally:
         mem.bytes["buffers"] -= nbytes
+
+
+def ring_buffer_bytes(q, k, n: int, backward: bool) -> int:
+    """Bytes of the ring's working buffers on one rank (`costs.ring_memory` is the same count
+    from the shapes): the K/V block in hand and, with n > 1, the receive buffer of the next one
+    (H_kv heads, input width); with grouped-query attention the block expanded to H heads for
+    compute. Backward adds the dK/dV accumulator and, with n > 1, the incoming one (H_kv heads,
+    `accumulator_dtype`), the dQ accumulator (H heads, accumulator width) and one block's
+    dQ, dK, dV at H heads and input width (`blockwise.attend_pieces_backward`'s result)."""
+    kv = 2 * k.numel() * k.element_size()
+    ring = n > 1
+    total = kv * (1 + ring) + (2 * q.numel() * q.element_size() if k.shape[1] != q.shape[1] else 0)
+    if backward:
+        acc = torch.empty((), dtype=accumulator_dtype(q.dtype)).element_size()
+        total += 2 * k.numel() * acc * (1 + ring) + q.numel() * acc + 3 * q.numel() * q.element_size()
+    return total
 
 
 def _exchange(send, recv, group, me, n, tag, label):
@@ -124,13 +172,13 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, group, layout, causal, stats, tile):
-        n, me, seq = check_shards("ring_attention", q, k, v, group, layout)
-        dev, (B, H, _, D) = current(), q.shape
+        n, me, seq = check_shards("ring_attention", q, k, v, group, layout, grouped_kv=True)
+        dev, (B, H, _, D), g = current(), q.shape, q.shape[1] // k.shape[1]
         pieces = [tile_pieces(shard_pieces(seq, n, r, layout), tile) for r in range(n)]
-        kv = torch.stack([k, v]).detach()                            # (2, B, H, c, D): one message
+        kv = torch.stack([k, v]).detach()                            # (2, B, H_kv, c, D): one message
         out = lse = None
         pairs = 0
-        with held(kv.numel() * kv.element_size() + score_bytes(q, pieces[me]), "ring K/V buffer and scores"):
+        with held(ring_buffer_bytes(q, k, n, False) + score_bytes(q, pieces[me]), "ring K/V buffers and scores"):
             for step in range(n):
                 src = (me - step) % n                               # whose K/V block rank me holds
                 if step < n - 1:                                    # post first: it flies while we compute
@@ -139,7 +187,8 @@ class RingAttention(torch.autograd.Function):
                 p = pieces_pairs(pieces[me], pieces[src], causal)   # 0: causal mask hides the block
                 if p:
                     with dev.compute("F", flops=attention_flops(p, B, H, D)):      # one bar per block
-                        b_out, b_lse, _ = attend_pieces(q.detach(), kv[0], kv[1], pieces[me], pieces[src], causal)
+                        kx = _expand(kv, g)                         # GQA: H_kv heads travel, H compute
+                        b_out, b_lse, _ = attend_pieces(q.detach(), kx[0], kx[1], pieces[me], pieces[src], causal)
                         out, lse = merge_partials(out, lse, b_out, b_lse)
                 pairs += p
                 if step < n - 1:
@@ -155,14 +204,15 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         group, causal, stats, pieces, n, me = ctx.setup
-        dev, (B, H, _, D) = current(), q.shape
+        dev, (B, H, _, D), g = current(), q.shape, q.shape[1] // k.shape[1]
+        acc = accumulator_dtype(q.dtype)                            # fp32 for 16-bit inputs
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)                                # (B, H, c)
-        dq = torch.zeros_like(q)
+        dq = torch.zeros_like(q, dtype=acc)
         kv = torch.stack([k, v])
-        dkv = torch.zeros_like(kv)                                  # the accumulator of the block held
+        dkv = torch.zeros_like(kv, dtype=acc)                       # the accumulator of the block held
         pairs, d_hs = 0, []
-        with held(3 * kv.numel() * kv.element_size() + score_bytes(q, pieces[me]), "ring backward buffers"):
+        with held(ring_buffer_bytes(q, k, n, True) + score_bytes(q, pieces[me]), "ring backward buffers"):
             for step in range(n):
                 src = (me - step) % n
                 if step < n - 1:
@@ -175,16 +225,17 @@ class RingAttention(torch.autograd.Function):
                 if p:
                     flops = attention_flops(p, B, H, D, backward=True) - DQ_FLOPS_PER_PAIR * later * B * H * D
                     with dev.compute("B", flops=flops):
+                        kx = _expand(kv, g)
                         gq, gk, gv, _, *deferred = attend_pieces_backward(
-                            dout, q, kv[0], kv[1], lse, delta, pieces[me], pieces[src], causal, defer_last_dq=last)
+                            dout, q, kx[0], kx[1], lse, delta, pieces[me], pieces[src], causal, defer_last_dq=last)
                         dq += gq
                 pairs += p
                 if d_hs:                                            # block src's accumulator, from the left
                     p2p.wait_all(d_hs)
                     dkv = incoming  # noqa: F821 (bound before the first wait: d_hs is empty until then)
                 if p:
-                    dkv[0] += gk
-                    dkv[1] += gv
+                    dkv[0] += _fold(gk, g)                          # GQA: summed over the group's heads
+                    dkv[1] += _fold(gv, g)
                 if n > 1:                                           # pass it on: it comes home after n steps
                     incoming = torch.empty_like(dkv)
                     d_hs = _exchange(dkv, incoming, group, me, n, TAG_DKV,
@@ -201,7 +252,7 @@ class RingAttention(torch.autograd.Function):
                 dkv = incoming
         if stats is not None:
             stats["pairs_backward"] = stats.get("pairs_backward", 0) + pairs
-        return dq, dkv[0], dkv[1], None, None, None, None, None
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None, None
 
 
 def ring_attention(q, k, v, group=None, *, layout: str = "zigzag", causal: bool = True, stats: dict | None = None,
@@ -211,6 +262,8 @@ def ring_attention(q, k, v, group=None, *, layout: str = "zigzag", causal: bool 
     "contiguous" or "striped"). Returns this rank's output shard; differentiable. `stats`, if
     given, receives the visible (query, key) pairs computed forward and backward. `tile`: rows
     per attention tile inside a shard (flash-attention's blocks; None: whole pieces), which
-    bounds the score block at tile^2 entries."""
+    bounds the score block at tile^2 entries. Grouped-query attention: k and v may carry H_kv
+    heads, H_kv dividing q's H; only those travel round the ring (query head h reads K/V head
+    h // (H / H_kv), as `scaled_dot_product_attention(..., enable_gqa=True)`)."""
     return RingAttention.apply(q, k, v, group, layout, causal, stats, tile)
 

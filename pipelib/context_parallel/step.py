@@ -27,26 +27,32 @@ from pipelib.topology import Topology
 
 
 def attention_inputs(seq_len: int, batch: int = 1, heads: int = 4, head_dim: int = 8,
-                     dtype=torch.float64, seed: int = 0):
-    """The full (q, k, v, dout), each (B, H, S, D), the same on every rank for one seed."""
+                     dtype=torch.float64, seed: int = 0, kv_heads: int | None = None):
+    """The full (q, k, v, dout), each (B, H, S, D), the same on every rank for one seed; with
+    `kv_heads`, k and v keep their first H_kv heads (grouped-query attention)."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=torch.float64).to(dtype)
-            for _ in range(4)]
+    q, k, v, dout = [torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=torch.float64).to(dtype)
+                     for _ in range(4)]
+    if kv_heads is not None:
+        k, v = k[:, :kv_heads].contiguous(), v[:, :kv_heads].contiguous()
+    return [q, k, v, dout]
 
 
 def attention_step(variant: str, seq_len: int, *, batch: int = 1, heads: int = 4, head_dim: int = 8,
                    layout: str = "zigzag", causal: bool = True, dtype=torch.float64, seed: int = 0,
-                   group=None, inputs=None, tile: int | None = None) -> StepResult | None:
+                   group=None, inputs=None, tile: int | None = None,
+                   kv_heads: int | None = None) -> StepResult | None:
     """Forward and backward of `variant` ("ring", "allgather", "ulysses") on this rank of
     `group`; None on a rank outside it. `inputs`, if given, is this rank's (q, k, v, dout)
-    shards (to feed ranks different shapes on purpose); `tile`: see `ring_attention`."""
+    shards (to feed ranks different shapes on purpose); `tile`: see `ring_attention`;
+    `kv_heads`: grouped-query attention, k and v with H_kv heads (the ring only)."""
     attention = variant_info(variant).attention
     if dist.get_rank(group) < 0:
         return None
     n, me = dist.get_world_size(group), dist.get_rank(group)
     if inputs is None:
         check_layout(seq_len, n, layout, context=f"rank {dist.get_rank()}: attention_step({variant!r})")
-        full = attention_inputs(seq_len, batch, heads, head_dim, dtype, seed)
+        full = attention_inputs(seq_len, batch, heads, head_dim, dtype, seed, kv_heads)
         inputs = [split_sequence(t, n, me, layout) for t in full]
     q, k, v, dout = [t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs)]
     dev, stats = current(), {}
@@ -61,12 +67,15 @@ def attention_step(variant: str, seq_len: int, *, batch: int = 1, heads: int = 4
 
 
 def reference_attention(seq_len: int, n: int, *, batch: int = 1, heads: int = 4, head_dim: int = 8,
-                        layout: str = "zigzag", causal: bool = True, dtype=torch.float64, seed: int = 0) -> dict:
+                        layout: str = "zigzag", causal: bool = True, dtype=torch.float64, seed: int = 0,
+                        kv_heads: int | None = None) -> dict:
     """One process, `torch.nn.functional.scaled_dot_product_attention` on the full sequence:
-    {"out": [shard per rank], "grads": {"dq[r]": shard, ...}} under `layout`'s shards."""
-    q, k, v, dout = attention_inputs(seq_len, batch, heads, head_dim, dtype, seed)
+    {"out": [shard per rank], "grads": {"dq[r]": shard, ...}} under `layout`'s shards. With
+    `kv_heads`, k and v have H_kv heads and SDPA runs with `enable_gqa=True`."""
+    q, k, v, dout = attention_inputs(seq_len, batch, heads, head_dim, dtype, seed, kv_heads)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    gqa = {"enable_gqa": True} if kv_heads not in (None, heads) else {}
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
     out.backward(dout)
     shards = {f"d{x}[{r}]": split_sequence(t.grad, n, r, layout) for x, t in zip("qkv", (q, k, v)) for r in range(n)}
     return {"out": [split_sequence(out.detach(), n, r, layout) for r in range(n)], "grads": shards}

@@ -96,7 +96,9 @@ def test_formulas():
     assert costs.ulysses_bytes(1, 4, 8, 8, 8, 4) == {"forward": 6144, "backward": 6144}
     # crossover without latency: c* = i F / (2 beta)
     assert costs.crossover_shard_len(1e12, 0.0, 1e10, 1, 8, 64, 2) == pytest.approx(100.0)
-    assert costs.ring_peak_bytes(1, 4, 8, 8, 8, "zigzag") == 21760
+    # Q, K, V, O saved, K/V, next K/V, dK/dV, incoming dK/dV, dQ, one block's dQ, dK, dV: 16 B H c D;
+    # lse B H c; S and P of the zigzag half-shard, 2 B H (c/2)^2 (receive buffers counted since review 17-3)
+    assert costs.ring_peak_bytes(1, 4, 8, 8, 8, "zigzag") == 8 * 4 * (16 * 8 * 8 + 8 + 2 * 4 * 4)
 
 
 def test_figures_draw_from_traces():
@@ -116,7 +118,7 @@ def test_tiles_bound_the_score_block():
     pieces = part.tile_pieces(part.shard_pieces(16, 2, 0, "zigzag"), 3)
     assert [(a, b) for a, b, _ in pieces] == [(0, 3), (3, 4), (4, 7), (7, 8)]
     assert torch.equal(torch.cat([p for *_, p in pieces]), part.shard_positions(16, 2, 0, "zigzag"))
-    assert costs.ring_peak_bytes(1, 1, 64, 1, 4, "zigzag", 8) == 4 * (10 * 64 + 64 + 2 * 64)
+    assert costs.ring_peak_bytes(1, 1, 64, 1, 4, "zigzag", 8) == 4 * (16 * 64 + 64 + 2 * 64)
 
 
 def test_deferred_dq_adds_up_to_the_same():

@@ -137,11 +137,13 @@ def test_longest_context_grows_linearly_with_ranks(cluster4):
     from pipelib.context_parallel.costs import max_shard_len
 
     capacity = 64 * 1024
-    c = max_shard_len(capacity, 1, 2, 4, 4, "zigzag")
-    for n in (1, 2, 4):
+    # one rank alone needs no receive buffers: its longest shard is a little longer; from two on, c
+    longest = {n: max_shard_len(capacity, 1, 2, 4, 4, "zigzag", ranks=n) for n in (1, 2, 4)}
+    assert longest[2] == longest[4] < longest[1]
+    for n, c in longest.items():
         fits = cluster4.run(_probe, n * c, n, capacity)[:n]
         over = cluster4.run(_probe, n * (c + 2), n, capacity)[:n]
-        assert all(f["fits"] and f["peak"] == ring_peak_bytes(1, 2, c, 4, 4) for f in fits), fits
+        assert all(f["fits"] and f["peak"] == ring_peak_bytes(1, 2, c, 4, 4, ranks=n) for f in fits), fits
         assert not any(o["fits"] for o in over), over
     assert cluster4.run(_timed, "ring", 16, "zigzag", 2, 4)   # the device's capacity is back
 
