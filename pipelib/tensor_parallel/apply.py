@@ -26,14 +26,21 @@ from pipelib.tensor_parallel.plan import is_sequence_parallel, validate_plan
 from pipelib.tensor_parallel.styles import Applying, style_of
 
 
-def apply_tensor_parallel(model: nn.Module, group, plan: dict, *, backend: str = "pipelib") -> nn.Module:
+def apply_tensor_parallel(model: nn.Module, group, plan: dict, *, backend: str = "pipelib",
+                          overlap: bool = False) -> nn.Module:
     """Shard `model` in place for this rank of `group` (t = the group's size) following `plan`;
     return it. Errors (unknown module or style, sizes not divisible by t) are raised before any
     weight moves. Each module's style (`pipelib.tensor_parallel.styles`) then splits it, in the
     styles' order (the embedding before the head tied to it, heads before their c_attn). The
     model's forward then runs the Megatron layer: f, column-parallel, local math, row-parallel,
-    g; under a plan with a ``sequence`` style, sequence parallelism."""
-    comm = TPComm(group, backend)
+    g; under a plan with a ``sequence`` style, sequence parallelism. With ``overlap=True`` the
+    column-parallel layers hide dX's backward collective behind the weight gradient
+    (`pipelib.tensor_parallel.overlap`; Korthikanti et al. §6.2). `model.tp_comm.lanes` times
+    the compute between collectives on a simulated device (`TPLanes.timed`)."""
+    from pipelib.runtime.device import current
+    from pipelib.tensor_parallel.overlap import TPLanes
+
+    comm = TPComm(group, backend, overlap=overlap, lanes=TPLanes(current()))
     matched = validate_plan(model, plan, comm.size)
     sp = is_sequence_parallel(plan)
     model.tp_comm, model.tp_sequence_parallel = comm, sp

@@ -15,7 +15,12 @@ dropouts between them work on s/t of the sequence.
 Seed 003's milestone (12 layers, d = 512, batch 8, seq 512): 24 all-reduces per forward of
 8*512*512 = 2 Mi elements, 4 MiB in 16-bit; a ring over t = 2 sends 2 (t-1)/t = 1 x the tensor
 per rank, 4 MiB a call and 96 MiB a forward. Over PCIe 4.0 x16 (32 GB/s a direction) that is
-3.1 ms, 6.3% of a 50 ms forward (`tp_milestone`).
+3.39 ms, 6.8% of a 50 ms forward (`tp_milestone`: 96 MiB / 32 GB/s is 3.15 ms, plus a latency
+of 2 (t-1) alpha = 10 us per call); the seed's "about 6%" counts MB and no latency.
+
+What overlap hides (`tp_overlap_hidden`, Korthikanti et al. §6.2): a column-parallel layer's
+backward collective of dX runs while its weight gradient is computed, so it hides
+min(dW time, collective time) per column layer.
 
 Pure: no torch (DESIGN.md section 2). Introduced in chapter 09.
 """
@@ -148,3 +153,22 @@ def tp_layer_activation_bytes(b: int, s: int, h: int, a: int, t: int = 1, itemsi
     if t == 1 or not sequence_parallel:
         return itemsize * (4 * bsh + split // t) + 16 * b * s
     return itemsize * (2 * bsh + (2 * bsh + split) // t) + 16 * b * s // t
+
+
+def tp_overlap_hidden(n_layer: int, b: int, s: int, h: int, t: int, *, flops: float, alpha: float,
+                      beta: float, itemsize: int = 4, sequence_parallel: bool = False) -> float:
+    """Seconds per step that `pipelib.tensor_parallel.overlap` hides on one rank: per layer, each
+    column-parallel linear whose input collective is its own (MLP c_fc 4h/t outputs; attention's
+    c_attn 3h/t, except under sequence parallelism, where attention gathers its input itself)
+    hides min(time of dW = 2 b s h out FLOPs at `flops`, its backward collective of the
+    (b, s, h) dX: an all-reduce, or under sequence parallelism a reduce-scatter). Assumes the
+    communication lane is free when dX is ready (it is: each layer waits before returning)."""
+    from pipelib.comm.alphabeta import predicted_time
+
+    check_int(t, "t", context="tp_overlap_hidden", hint="the tensor-parallel degree")
+    if t == 1:
+        return 0.0
+    name = "reduce_scatter" if sequence_parallel else "all_reduce"
+    comm = predicted_time(name, b * s * h * itemsize, t, alpha, beta)
+    outs = [4 * h // t] + ([] if sequence_parallel else [3 * h // t])
+    return n_layer * sum(min(2 * b * s * h * out / flops, comm) for out in outs)

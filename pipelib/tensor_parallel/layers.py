@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pipelib.tensor_parallel.ops import TPComm, copy_to_tp, gather_sequence, reduce_from_tp, scatter_sequence
+from pipelib.tensor_parallel.overlap import column_linear_overlapped
 
 
 def tp_shard_rows(w: torch.Tensor, t: int, r: int, fused: int = 1) -> torch.Tensor:
@@ -39,7 +40,10 @@ def _tp_param(data: torch.Tensor, dim: int | None, fused: int = 1) -> nn.Paramet
 class ColumnParallelLinear(nn.Module):
     """Y_r = X A_r^T + b_r: rank r's output features. Forward input: the whole X, through `f`
     (identity forward, all-reduce of dX backward), or with `sequence_parallel` the rank's
-    sequence shard, all-gathered (reduce-scattered backward). Output stays split by features."""
+    sequence shard, all-gathered (reduce-scattered backward). Output stays split by features.
+    With the group's ``overlap`` (`TPComm`), the backward collective of dX runs while the weight
+    gradient is computed (`pipelib.tensor_parallel.overlap`), except when the enclosing module
+    gathered the input (``gathered``: its collective is the module's, not this layer's)."""
 
     def __init__(self, linear: nn.Linear, comm: TPComm, *, fused: int = 1,
                  sequence_parallel: bool = False, gathered: bool = False, label: str = "column"):
@@ -53,6 +57,9 @@ class ColumnParallelLinear(nn.Module):
                      else _tp_param(tp_shard_rows(linear.bias.detach(), t, r, fused), 0, fused))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, in) or (B, T/t, in)
+        if self.comm.overlap and not self.gathered and self.comm.size > 1:
+            return column_linear_overlapped(x, self.weight, self.bias, self.comm, self.label,
+                                            self.sequence_parallel)  # (B, T, out / t)
         if self.gathered:
             pass  # (B, T, in): gathered by the enclosing module (`gather_sequence_before`)
         elif self.sequence_parallel:

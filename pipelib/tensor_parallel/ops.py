@@ -23,7 +23,11 @@ Who sends what: every rank of `group` (t ranks) takes part; an all-reduce of N b
 `pipelib.comm.collectives` (chapter 06: traced, on the simulated clock; every COLLECTIVE event is
 labelled with the layer and the operator, passed as the collective's ``label=``, e.g.
 ``"all_reduce: blocks.0.mlp.c_proj g forward"``, and tagged with the group's mesh axis);
-``"torch"`` runs torch's built-ins (gloo or NCCL), untraced. Introduced in chapter 09.
+``"torch"`` runs torch's built-ins (gloo or NCCL), untraced. With ``overlap=True`` the
+column-parallel layers launch their backward collective on the communication lane of `lanes`
+(`pipelib.tensor_parallel.overlap.TPLanes`) while the weight gradient is computed; `lanes` also
+charges the compute between collectives to the simulated clock while it is timing. Introduced
+in chapter 09.
 """
 from __future__ import annotations
 
@@ -41,10 +45,17 @@ class TPComm:
 
     group: object
     backend: str = "pipelib"
+    overlap: bool = False   # column layers: dX's collective hidden behind dW (Korthikanti §6.2)
+    lanes: object = None    # pipelib.tensor_parallel.overlap.TPLanes of this rank, or None
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}; use one of {BACKENDS}")
+
+    def lap(self) -> None:
+        """Charge the compute since the last collective to the clock (while `lanes` is timing)."""
+        if self.lanes is not None:
+            self.lanes.lap()
 
     @property
     def size(self) -> int:
@@ -57,6 +68,7 @@ class TPComm:
 
 def all_reduce_tp(x: torch.Tensor, comm: TPComm, label: str, op: str = "sum") -> torch.Tensor:
     """Sum (or max) of x over the group, a new tensor; `label` names the layer and operator."""
+    comm.lap()
     y = x.contiguous().clone()
     if comm.size == 1:
         return y
@@ -74,6 +86,7 @@ def _tp_seq_first(x):  # (B, T, ...) -> (T, B, ...) contiguous: the collectives 
 
 def all_gather_seq(x: torch.Tensor, comm: TPComm, label: str) -> torch.Tensor:
     """(B, T/t, C) shards -> (B, T, C), rank order along the sequence."""
+    comm.lap()
     if comm.size == 1:
         return x.clone()
     s = _tp_seq_first(x)
@@ -89,6 +102,7 @@ def all_gather_seq(x: torch.Tensor, comm: TPComm, label: str) -> torch.Tensor:
 
 def reduce_scatter_seq(x: torch.Tensor, comm: TPComm, label: str) -> torch.Tensor:
     """(B, T, C) partial sums -> this rank's (B, T/t, C) shard of their sum."""
+    comm.lap()
     if comm.size == 1:
         return x.clone()
     s = _tp_seq_first(x)

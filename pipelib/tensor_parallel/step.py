@@ -10,6 +10,8 @@ only: training never gathers them). Introduced in chapter 09.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -73,7 +75,7 @@ def _tp_measured_forward(model, idx, targets):
 
 
 def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, vocab: bool = True,
-                 dtype: str = "float32", seed: int = 0, backend: str = "pipelib"):
+                 dtype: str = "float32", seed: int = 0, backend: str = "pipelib", overlap: bool = False):
     """(model, group) on this rank: the full GPT(config, seed) split by `plan` (default
     `gpt_tp_plan(vocab=..., sequence_parallel=...)`); (None, None) outside the group."""
     from pipelib.model import GPT
@@ -85,30 +87,41 @@ def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, 
         return None, None
     model = GPT(config, seed).to(as_dtype(dtype))
     plan = plan if plan is not None else gpt_tp_plan(vocab=vocab, sequence_parallel=sequence_parallel)
-    return apply_tensor_parallel(model, group, plan, backend=backend), group
+    return apply_tensor_parallel(model, group, plan, backend=backend, overlap=overlap), group
 
 
 def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_parallel: bool = False,
                   vocab: bool = True, dtype: str = "float32", seed: int = 0, data_seed: int = 1,
-                  backend: str = "pipelib") -> StepResult | None:
+                  backend: str = "pipelib", overlap: bool = False, timed: bool = False) -> StepResult | None:
     """One forward and backward of the TP GPT on ranks 0..t-1 (no optimizer step).
+
+    ``overlap``: the column-parallel layers hide dX's backward collective behind the weight
+    gradient (`pipelib.tensor_parallel.overlap`). ``timed``: on a simulated device, the matmul
+    FLOPs between collectives advance the clock too (COMPUTE events), so the step has a time.
 
     stats: `logits` (gathered), `sp_grad_numel` (elements of the sequence-parallel gradient
     all-reduce), `local_params` (this rank's parameter elements), `activation_bytes` (what
-    autograd saved for backward on this rank, measured by its device's memory tracker)."""
+    autograd saved for backward on this rank, measured by its device's memory tracker),
+    `step_time` (timed: the clock's seconds from the forward to the gradients' last sum)."""
     from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients
     from pipelib.tensor_parallel.plan import check_sequence_divisible
 
+    from pipelib.runtime.device import current
+
     model, group = build_tp_gpt(config, t, plan=plan, sequence_parallel=sequence_parallel, vocab=vocab,
-                                dtype=dtype, seed=seed, backend=backend)
+                                dtype=dtype, seed=seed, backend=backend, overlap=overlap)
     if model is None:
         return None
     if model.tp_sequence_parallel:
         check_sequence_divisible(s, t)
     idx, targets = tp_batch(config, b, s, data_seed)
-    logits, loss, saved = _tp_measured_forward(model, idx, targets)
-    loss.backward()
-    sp_numel = sync_sequence_grads(model)
+    clock = current().clock
+    start = clock.now()
+    with model.tp_comm.lanes.timed() if timed else contextlib.nullcontext():
+        logits, loss, saved = _tp_measured_forward(model, idx, targets)
+        loss.backward()
+        sp_numel = sync_sequence_grads(model)
+    step_time = clock.now() - start
     grads = tp_full_gradients(model, group)
     logits = logits.detach()
     if logits.size(-1) != config.vocab_size:  # vocabulary-parallel: gather for the check only
@@ -118,6 +131,8 @@ def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_paralle
     first = dist.get_rank(group) == 0
     stats = {"sp_grad_numel": sp_numel, "local_params": sum(p.numel() for p in model.parameters()),
              "activation_bytes": saved}
+    if timed:
+        stats["step_time"] = step_time
     if first:
         stats["logits"] = logits
     return StepResult(loss=loss.detach() if first else None, grads=grads if first else {}, stats=stats)
