@@ -89,7 +89,8 @@ class ZeROGather:
         self._seen = []
         self._lane_free = 0.0           # simulated: when the prefetch lane's last gather ends
         self._ready_at = {}             # id(unit) -> simulated end of its prefetched gather
-        self.gathered_now = self.gathered_peak = 0  # bytes of unsharded units held
+        # bytes of unsharded units held now (stage 3 frees them all next) and the most held at once
+        self.gathered_now, self.gathered_peak = sum(u.nbytes for u in self.units if u.gathered), 0
 
     def timed(self, label: str) -> PassTimer:
         """``with zero.timed("F"): loss = ...``: time the pass in laps around ZeRO's own

@@ -13,8 +13,9 @@ rows [r B/n, (r+1) B/n). Each rank's loss is the mean over its rows, so the aver
 ranks' gradients is the single process's gradient on the whole batch.
 
 `zero_train` runs on every rank of a cluster and returns a `pipelib.results.StepResult`:
-gradients of the last step (before its optimizer step) and parameters after it, gathered to
-full tensors, the measured bytes per category and the bytes sent, and the step times.
+gradients of the last step (as its optimizer reads them, after the stage's reduction) and
+parameters after it, gathered to full tensors, the measured bytes per category and the bytes
+sent, and the step times.
 `reference_adam` is the single process with the same Adam (and the same fp32 master weights
 in mixed precision: `pipelib.data_parallel.mixed_precision`).
 
@@ -145,10 +146,8 @@ def zero_train(spec: dict, stage: int, steps: int = 3, batch: int = 8, *, lr: fl
                     with zero.timed("B"):
                         loss.backward()
                     total += loss.item()
-                grads_now = None
-                if len(losses) == steps - 1:
-                    grads_now = zero.full_gradients()
                 zero.reduce_gradients()
+                grads_now = zero.reduced_gradients() if len(losses) == steps - 1 else None
                 with dev.compute("optimizer", flops=0.0, nbytes=opt_bytes):
                     zero.update()
                 zero.publish()

@@ -5,7 +5,9 @@
   parameter; ZeRO's shards are cut from a unit's flat buffer, so a piece is elements
   [start, stop) of p.view(-1), `shard_ranges()`, possibly empty). Stage 0 holds everything.
 - `full_gradients()`, `full_parameters()`: {name: fp32 tensor, parameter-shaped}, gathered
-  with raw collectives of torch.distributed: a check, kept off the trace and the clock.
+  with raw collectives of torch.distributed: a check, kept off the trace and the clock;
+  `reduced_gradients()`: the same after the stage's own reduction, as the optimizer reads them
+  (so a bf16 reduction's rounding shows; stages 0-1's `full_gradients` average in fp32).
 - `state_dict()` / `load_state_dict()`: this rank's shard of every unit (the fp32 master weights
   in mixed precision) and its optimizer's `state_dict()`: what a sharded checkpoint saves per rank.
 
@@ -64,6 +66,18 @@ class ZeROShards:
                 out.update(u.unflatten(g / self.n))
             else:
                 out.update(self._full_unit(u, u.gshard.detach().float()))
+        return out
+
+    def reduced_gradients(self) -> dict:
+        """{name: fp32 tensor}: the averaged gradients as this rank's optimizer reads them, after
+        the stage's own reduction (in the gradients' dtype: bf16 or fp32), gathered whole with
+        raw gloo collectives (a check). Call after backward, before `step`; it runs the stage's
+        reduction first if that has not happened yet, as `grad_shards` does."""
+        self.reduce_gradients()
+        out = {}
+        for u in self.units:
+            g = u.master.grad.detach().float()
+            out.update(u.unflatten(g) if self.stage == 0 else self._full_unit(u, g))
         return out
 
     def _full_unit(self, u, piece) -> dict:
