@@ -3,11 +3,17 @@
 One all-reduce per parameter pays the link's latency once per tensor (2(N-1) alpha each, on a
 ring of N ranks): a GPT with 50 small tensors pays it 50 times. DDP therefore flattens the
 gradients into *buckets* of about `bucket_bytes` and all-reduces each bucket once (Li et al.
-2020, "PyTorch Distributed", section 3.2.3; torch's default is 25 MiB). Parameters are bucketed
-in *reverse* order of registration, which is about the order backward produces their gradients,
-so the first bucket is full first and its all-reduce can start while backward goes on (step 3
-of chapter 07). A parameter larger than `bucket_bytes` gets a bucket of its own; a bucket is
-never empty.
+2020, "PyTorch Distributed", section 3.2.3). Parameters are bucketed in *reverse* order of
+registration, which is about the order backward produces their gradients, so the first bucket is
+full first and its all-reduce can start while backward goes on (step 3 of chapter 07). A
+parameter larger than `bucket_bytes` gets a bucket of its own; a bucket is never empty.
+
+torch's defaults (torch 2.13, `torch.nn.parallel.distributed`): a cap of 25 MiB
+(`_DEFAULT_BUCKET_CAP_MB`) and a *first* bucket of 1 MiB (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`)
+when `bucket_cap_mb` is left at its default: the bucket backward fills first is small, so the
+first all-reduce starts early. `first_bucket_bytes` gives the same plan: `plan_buckets` equals
+torch's `torch.distributed._compute_bucket_assignment_by_size` on the same sizes and limits in
+backward's order (a test checks).
 
 Pure: imports nothing but the standard library and `pipelib.checks`, so a figure can plan
 buckets without torch (a test checks).
@@ -49,19 +55,26 @@ def check_bucket_bytes(bucket_bytes, context: str = "DDP") -> int:
                      hint="bytes of gradients per all-reduce; torch's DDP uses 25 MiB = 26214400")
 
 
-def plan_buckets(sizes, bucket_bytes: int, itemsize: int = 4) -> list[Bucket]:
-    """Buckets for parameters `sizes` = [(name, numel), ...] given in registration order.
+def plan_buckets(sizes, bucket_bytes: int, itemsize: int = 4, first_bucket_bytes: int | None = None,
+                 *, backward_order: bool = False) -> list[Bucket]:
+    """Buckets for parameters `sizes` = [(name, numel), ...] given in registration order
+    (or, with `backward_order=True`, in the order backward produced their gradients, as DDP
+    observes it in its first step: `OverlappedGrads(rebuild_buckets=True)`).
 
-    Walks them in reverse (backward's order) and closes a bucket as soon as it holds at least
-    `bucket_bytes` (so a bucket may pass the limit by its last parameter, as torch's does)."""
+    Walks them in backward's order and closes a bucket as soon as it holds at least
+    `bucket_bytes` (so a bucket may pass the limit by its last parameter, as torch's does);
+    the first bucket closes at `first_bucket_bytes` instead, when given (torch: 1 MiB)."""
     check_bucket_bytes(bucket_bytes)
+    if first_bucket_bytes is not None:
+        check_bucket_bytes(first_bucket_bytes, "plan_buckets (first_bucket_bytes)")
     check_int(itemsize, "itemsize", context="plan_buckets", hint="bytes per gradient element")
     buckets, names, numels, nbytes = [], [], [], 0
-    for name, numel in reversed(list(sizes)):
+    for name, numel in (list(sizes) if backward_order else reversed(list(sizes))):
         names.append(name)
         numels.append(numel)
         nbytes += numel * itemsize
-        if nbytes >= bucket_bytes:
+        limit = first_bucket_bytes if (first_bucket_bytes is not None and not buckets) else bucket_bytes
+        if nbytes >= limit:
             buckets.append(Bucket(len(buckets), tuple(names), tuple(numels)))
             names, numels, nbytes = [], [], 0
     if names:

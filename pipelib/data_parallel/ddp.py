@@ -2,33 +2,30 @@
 
 Every rank of `group` holds the whole model, runs forward and backward on its own slice of the
 batch, and the ranks *average their gradients* before the optimizer step, so every replica
-takes the same step as one process on the whole batch (Li et al. 2020, "PyTorch Distributed:
-Experiences on Accelerating Data Parallel Training"). The four steps, each a small class that
-adds one idea to the one before:
+takes the same step as one process on the whole batch (Li et al. 2020, "PyTorch Distributed").
+Four small classes, each adding one idea to the one before:
 
-1. `AllReduceGrads`: after backward, one all-reduce per gradient;
-2. `BucketedGrads`: gradients flattened into buckets of `bucket_bytes`, one all-reduce each;
-3. `OverlappedGrads`: a bucket's all-reduce starts from gradient hooks as soon as the bucket is
-   full, on a communication stream (`pipelib.data_parallel.overlap`), while backward goes on;
-   waited before the optimizer step;
-4. `DDP`: `no_sync()` for gradient accumulation (skip the all-reduces on all but the last
-   micro-batch), and the misuse checks.
+1. `AllReduceGrads`: after backward, one all-reduce per gradient (sum, then divide by N);
+2. `BucketedGrads`: gradients flattened into buckets of `bucket_bytes`, one all-reduce each,
+   divided by N *before* the sum as torch does, through a communication hook (`comm_hooks`:
+   ``comm_hook="bf16"`` sends bfloat16, half the bytes);
+3. `OverlappedGrads`: a bucket's all-reduce starts from gradient hooks, in bucket-index order,
+   on a communication stream (`overlap`) while backward goes on; waited before the step;
+   unused parameters an error unless ``find_unused_parameters=True``; buckets rebuilt from the
+   first backward's order with ``rebuild_buckets=True``;
+4. `DDP`: `no_sync()` for gradient accumulation, and the misuse checks.
 
 Use, on every rank of `group` (the group is an argument, never a global):
 
     ddp = DDP(model, group, bucket_bytes=1 << 20)     # checks the replicas are equal
-    loss = loss_fn(ddp(x), y)
-    ddp.backward(loss)                                # loss.backward(), timed in laps
+    ddp.backward(loss_fn(ddp(x), y))                  # loss.backward(), timed in laps
     ddp.finish_gradients()                            # averaged gradients in p.grad
     optimizer.step()
 
-Who sends what: each rank sends 2 (N-1)/N x (the gradients' bytes) per step in the ring
-all-reduces (exactly `buckets.ring_bytes_per_rank` per bucket), whatever the step; steps 2-4
-only pay the latency once per bucket instead of once per tensor, and step 3 hides the transfer
-behind backward.
-
-Collectives go through chapter 06's ring (``comm="pipelib"``, every message on the trace) or
-gloo's built-in (``comm="gloo"``).
+Who sends what: each rank sends 2 (N-1)/N x (the gradients' bytes on the wire) per step in the
+ring all-reduces (exactly `buckets.ring_bytes_per_rank` per bucket); steps 2-4 pay the latency
+once per bucket, step 3 hides the transfer behind backward. Collectives go through chapter 06's
+ring (``comm="pipelib"``, every message on the trace) or gloo's (``comm="gloo"``).
 
 Introduced in chapter 07.
 """
@@ -38,13 +35,17 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel.distributed import _DEFAULT_BUCKET_CAP_MB
 
 from pipelib.data_parallel.buckets import check_bucket_bytes, plan_buckets
-from pipelib.data_parallel.overlap import BackwardTimer, CommStream, check_comm
+from pipelib.data_parallel.comm_hooks import comm_hook as comm_hook_of
+from pipelib.data_parallel.overlap import BackwardTimer, CommStream, check_comm, unused_parameters
 from pipelib.data_parallel.replicas import check_same_parameters
 from pipelib.runtime.device import current
 
-DEFAULT_BUCKET_BYTES = 25 << 20  # torch's DistributedDataParallel default, 25 MiB
+# torch's DistributedDataParallel defaults, read from torch (25 MiB, and a 1 MiB first bucket)
+DEFAULT_BUCKET_BYTES = int(_DEFAULT_BUCKET_CAP_MB * 2**20)
+FIRST_BUCKET_BYTES = int(dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 class AllReduceGrads:
@@ -90,16 +91,27 @@ class AllReduceGrads:
 class BucketedGrads(AllReduceGrads):
     """Step 2: the gradients flattened into buckets of about `bucket_bytes`, one all-reduce each.
 
-    Same bytes as step 1, far fewer messages: the latency is paid once per bucket."""
+    Same bytes as step 1, far fewer messages: the latency is paid once per bucket. Each bucket
+    goes through `comm_hook` (`pipelib.data_parallel.comm_hooks`): divided by N *before* the
+    sum, as torch's DDP does, and with ``comm_hook="bf16"`` sent in bfloat16 (half the bytes).
+    `first_bucket_bytes`: the cap of the bucket backward fills first (torch: 1 MiB when its
+    bucket size is left at the default, `FIRST_BUCKET_BYTES`)."""
 
-    def __init__(self, module, group=None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, comm: str = "pipelib"):
+    def __init__(self, module, group=None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 first_bucket_bytes: int | None = None, comm: str = "pipelib", comm_hook="allreduce"):
         check_bucket_bytes(bucket_bytes, type(self).__name__)  # before any message
+        self.hook = comm_hook_of(comm_hook)
         super().__init__(module, group, comm=comm)
-        self.bucket_bytes = bucket_bytes
-        itemsize = max((p.element_size() for _, p in self.params), default=4)
-        self.buckets = plan_buckets([(n, p.numel()) for n, p in self.params], bucket_bytes, itemsize)
-        by_name = dict(self.params)
-        self.bucket_params = [[by_name[n] for n in b.names] for b in self.buckets]
+        self.bucket_bytes, self.first_bucket_bytes = bucket_bytes, first_bucket_bytes
+        self.itemsize = max((p.element_size() for _, p in self.params), default=4)
+        self._plan([(n, p.numel()) for n, p in self.params], backward_order=False)
+        self.works, self.flats, self.wires = {}, {}, {}
+
+    def _plan(self, sizes, backward_order: bool) -> None:
+        self.buckets = plan_buckets(sizes, self.bucket_bytes, self.itemsize, self.first_bucket_bytes,
+                                    backward_order=backward_order)
+        self.bucket_params = [[dict(self.params)[n] for n in b.names] for b in self.buckets]
+        self.bucket_of = {id(p): b for b, ps in enumerate(self.bucket_params) for p in ps}
 
     def flatten(self, index: int) -> torch.Tensor:
         """Bucket `index`'s gradients copied into one flat tensor (zeros for a missing one)."""
@@ -108,69 +120,122 @@ class BucketedGrads(AllReduceGrads):
 
     def unflatten(self, index: int, flat: torch.Tensor) -> None:
         """The averaged flat bucket back into each parameter's .grad."""
-        flat.div_(self.n)
         for p, g in zip(self.bucket_params[index], flat.split([p.numel() for p in self.bucket_params[index]])):
-            if p.grad is None:
-                p.grad = g.view_as(p).clone()
-            else:
-                p.grad.copy_(g.view_as(p))
+            p.grad = g.view_as(p).clone() if p.grad is None else p.grad.copy_(g.view_as(p))
+
+    def _launch(self, b: int) -> None:
+        """Bucket b flattened, encoded by the hook (divided by N, cast), its all-reduce started."""
+        self.flats[b] = flat = self.flatten(b)
+        self.wires[b] = wire = self.hook.encode(flat, self.n)
+        self.works[b] = self.stream.launch(wire, f"all_reduce bucket {b}")
+
+    def _land(self, b: int) -> None:
+        """Wait for bucket b's all-reduce; decode it into the fp32 bucket and the .grad tensors."""
+        self.stream.wait(self.works[b])
+        self.unflatten(b, self.hook.decode(self.wires[b], self.flats[b]))
 
     def finish_gradients(self) -> None:
         """Average the gradients, one blocking all-reduce per bucket."""
-        for b in self.buckets:
-            flat = self.flatten(b.index)
-            self.all_reduce(flat, f"all_reduce bucket {b.index}")
-            self.unflatten(b.index, flat)
+        for b in range(len(self.buckets)):
+            self._launch(b)
+            self._land(b)
+        self.works, self.flats, self.wires = {}, {}, {}
 
 
 class OverlappedGrads(BucketedGrads):
-    """Step 3: each bucket's all-reduce starts from a gradient hook as soon as its last
-    gradient is accumulated, on the communication stream, while backward computes the rest;
-    `finish_gradients` waits for them all before the optimizer step."""
+    """Step 3: each bucket's all-reduce starts from a gradient hook, on the communication stream,
+    while backward computes the rest; `finish_gradients` waits for them all before the step.
 
-    def __init__(self, module, group=None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, comm: str = "pipelib"):
-        super().__init__(module, group, bucket_bytes=bucket_bytes, comm=comm)
-        self.bucket_of = {id(p): b for b, ps in enumerate(self.bucket_params) for p in ps}
-        self.timer, self.sync = None, True
+    As torch's DDP: all-reduces start in *bucket-index order* (a ready bucket waits for every
+    lower-index one to start: "Mismatched allreduce order across processes can lead to wrong
+    results or DDP backward hang", DDP design note); `ready_order`, `launch_order` record both.
+    A parameter given no gradient is an error at `finish_gradients`, naming it; with
+    ``find_unused_parameters=True`` backward first walks the autograd graph from the loss and
+    marks the parameters it does not reach as ready (local gradient zero), a walk every step.
+    ``rebuild_buckets=True``: buckets planned again after the first synchronised backward, in
+    the order its gradients came (torch rebuilds so by default)."""
+
+    def __init__(self, module, group=None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 first_bucket_bytes: int | None = None, comm: str = "pipelib", comm_hook="allreduce",
+                 find_unused_parameters: bool = False, rebuild_buckets: bool = False):
+        super().__init__(module, group, bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
+                         comm=comm, comm_hook=comm_hook)
+        self.find_unused_parameters, self.rebuild_buckets = bool(find_unused_parameters), bool(rebuild_buckets)
+        self.arrivals, self.rebuilt = [], False  # names in the order the first backward's gradients came
+        self.timer, self.sync, self.ready_order, self.launch_order = None, True, [], []
         self._new_step()
+        self.name_of = {id(p): n for n, p in self.params}
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for _, p in self.params]
 
     def _new_step(self) -> None:
         self.pending = [len(ps) for ps in self.bucket_params]  # gradients still to come, per bucket
-        self.works, self.flats = {}, {}
+        self.works, self.flats, self.wires = {}, {}, {}
+        self.arrived, self.ready, self.next_bucket = set(), set(), 0
 
     def _grad_ready(self, p) -> None:
         if not self.sync:
             return  # inside no_sync (step 4): gradients just accumulate in p.grad
-        b = self.bucket_of[id(p)]
-        self.pending[b] -= 1
-        if self.pending[b] == 0:
-            self._launch(b)
+        self._arrive(p)
+        if self.rebuild_buckets and not self.rebuilt:
+            self.arrivals.append(self.name_of[id(p)])
+        self._launch_ready()
 
-    def _launch(self, b: int) -> None:
-        if self.timer is not None:
-            self.timer.lap()  # backward's compute up to now: the bucket is ready at this time
-        self.flats[b] = flat = self.flatten(b)
-        self.works[b] = self.stream.launch(flat, f"all_reduce bucket {b}")
+    def _arrive(self, p) -> None:
+        if id(p) not in self.arrived:
+            self.arrived.add(id(p))
+            b = self.bucket_of[id(p)]
+            self.pending[b] -= 1
+            if self.pending[b] == 0:
+                self.ready.add(b)
+                self.ready_order.append(b)
+
+    def _launch_ready(self) -> None:
+        """Start every ready bucket whose lower-index buckets have all started (index order)."""
+        if self.next_bucket in self.ready and self.timer is not None:
+            self.timer.lap()  # backward's compute up to now: the buckets start at this time
+        while self.next_bucket in self.ready:
+            self._launch(self.next_bucket)
+            self.launch_order.append(self.next_bucket)
+            self.next_bucket += 1
 
     def backward(self, loss) -> None:
         """loss.backward(); the hooks launch the buckets' all-reduces as they fill."""
+        self.ready_order, self.launch_order = [], []
         with BackwardTimer(self.dev) as self.timer:
             try:
+                if self.find_unused_parameters and self.sync:
+                    for p in unused_parameters(loss, [p for _, p in self.params]):
+                        self._arrive(p)  # ready now, with its local gradient as it is (zero)
+                    self._launch_ready()
                 loss.backward()
             finally:
                 self.timer = None
 
     def finish_gradients(self) -> None:
-        """Launch any bucket not launched yet (a parameter unused in this step), wait for
-        every all-reduce in bucket order, and write the averaged gradients back."""
+        """Wait for every all-reduce in bucket order and write the averaged gradients back.
+        A parameter whose gradient never came is an error unless find_unused_parameters."""
+        missing = [n for n, p in self.params if id(p) not in self.arrived]
+        if missing and not self.find_unused_parameters:
+            raise ValueError(
+                f"{type(self).__name__}.finish_gradients: {len(missing)} parameter(s) received no gradient in "
+                f"this backward: {missing[:8]}{' ...' if len(missing) > 8 else ''}; their buckets' all-reduces "
+                f"never started. If the model leaves them unused on purpose, pass "
+                f"find_unused_parameters=True (as torch's DDP asks), or freeze them (requires_grad=False)")
+        for b in range(self.next_bucket, len(self.buckets)):
+            self._launch(b)  # find_unused_parameters: a parameter reached but given no gradient
+            self.launch_order.append(b)
         for b in range(len(self.buckets)):
-            if b not in self.works:
-                self._launch(b)
-        for b in range(len(self.buckets)):
-            self.stream.wait(self.works[b])
-            self.unflatten(b, self.flats[b])
+            self._land(b)
+        if self.rebuild_buckets and not self.rebuilt and self.arrivals:
+            self._rebuild()
         self._new_step()
+
+    def _rebuild(self) -> None:
+        """Buckets planned again in the order the first backward produced the gradients."""
+        numel = {n: p.numel() for n, p in self.params}
+        order = list(dict.fromkeys(self.arrivals)) + [n for n in numel if n not in self.arrivals]
+        self.initial_buckets, self.rebuilt = self.buckets, True
+        self._plan([(n, numel[n]) for n in order], backward_order=True)
 
     def close(self) -> None:
         """Remove the gradient hooks and stop the stream: the module is unwrapped again."""
@@ -190,8 +255,10 @@ class DDP(OverlappedGrads):
     last step (the gradients would be stepped unsynchronised); a forward while a synchronised
     backward's all-reduces are still unwaited (call finish_gradients before optimizer.step)."""
 
-    def __init__(self, module, group=None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES, comm: str = "pipelib"):
-        super().__init__(module, group, bucket_bytes=bucket_bytes, comm=comm)
+    def __init__(self, module, group=None, **options):
+        """`options`: OverlappedGrads's (bucket_bytes, first_bucket_bytes, comm, comm_hook,
+        find_unused_parameters, rebuild_buckets)."""
+        super().__init__(module, group, **options)
         self.synced_backward = False  # a backward outside no_sync since the last step
 
     @contextlib.contextmanager

@@ -9,6 +9,13 @@ gradients) and T tokens per rank per step on a device of F FLOP/s with a link (a
     efficiency = compute / (compute + comm)    (seed 003's "communication efficiency")
     overhead   = comm / compute                (what communication adds to the step, unhidden)
 
+These are the *no-overlap* figures (steps 1 and 2), at the profile's peak FLOP/s and link
+bandwidth. `ddp_step_model(..., overlap=True)` gives step 3's: the buckets' all-reduces run on
+a contention-free lane while backward goes on, each starting when its bucket is ready (backward
+taken to produce the gradients in proportion to their parameters, in backward's order) and in
+bucket order; only what outlasts backward is exposed. `scaled_profile(..., mfu=0.45)` gives a
+device at a realistic share of its peak (model FLOPs utilisation).
+
 The bandwidth term of comm / compute is (2(N-1)/N 4 psi / beta) / (6 psi T / F): psi cancels.
 What DDP's overhead depends on is *tokens per rank per step* (T) against the device's FLOPs per
 link byte (`DeviceProfile.flops_per_link_byte`); the model's size enters through the latency
@@ -35,19 +42,23 @@ from pipelib.memory import gpt_param_shapes, gpt_train_flops
 OPTIMIZER_BYTES = 28  # Adam reads p, g, m, v and writes p, m, v: 7 fp32 tensors per parameter
 
 
-def scaled_profile(profile, factor: float = 1.0, link: str | None = None) -> DeviceProfile:
+def scaled_profile(profile, factor: float = 1.0, link: str | None = None, mfu: float = 1.0) -> DeviceProfile:
     """`profile` computing `factor` times fewer FLOP/s, on `link` (a name in
     `pipelib.costmodel.LINKS`) if given: forward and backward on B sequences then last what the
     original device takes on factor x B sequences (their FLOPs scale with B exactly). Memory
-    bandwidth is kept: the optimizer's traffic does not grow with the batch."""
+    bandwidth is kept: the optimizer's traffic does not grow with the batch. `mfu`: the share
+    of the peak FLOP/s the training step achieves (1: the datasheet's peak)."""
     p = get_profile(profile)
     if not factor > 0:
         raise ValueError(f"scaled_profile: factor={factor!r}; pass a positive number "
                          f"(the batch it stands for / the batch run)")
+    if not 0 < mfu <= 1:
+        raise ValueError(f"scaled_profile: mfu={mfu!r}; pass the share of peak FLOP/s achieved, in (0, 1]")
     if link is not None and link not in LINKS:
         raise ValueError(f"scaled_profile: unknown link {link!r}; use one of {sorted(LINKS)}")
-    name = p.name + (f" x{factor:g} batch" if factor != 1 else "") + (f" over {link}" if link else "")
-    return replace(p, name=name, flops=p.flops / factor, link=LINKS[link] if link else p.link)
+    name = (p.name + (f" x{factor:g} batch" if factor != 1 else "") + (f" over {link}" if link else "")
+            + (f" at {mfu:.0%} MFU" if mfu != 1 else ""))
+    return replace(p, name=name, flops=p.flops * mfu / factor, link=LINKS[link] if link else p.link)
 
 
 def all_reduce_time(numels, n: int, profile, itemsize: int = 4) -> float:
@@ -58,45 +69,66 @@ def all_reduce_time(numels, n: int, profile, itemsize: int = 4) -> float:
 
 @dataclass(frozen=True)
 class DDPStep:
-    """One rank's DDP step, in seconds, without overlap (steps 1 and 2 of chapter 07)."""
+    """One rank's DDP step, in seconds. `exposed`: the communication the step waits for (None:
+    all of it, no overlap: steps 1 and 2 of chapter 07; step 3: what outlasts backward)."""
 
     forward: float
     backward: float
     optimizer: float
     comm: float
+    exposed: float | None = None
 
     @property
     def compute(self) -> float:
         return self.forward + self.backward
 
     @property
+    def waited(self) -> float:
+        """The communication on the step's critical path."""
+        return self.comm if self.exposed is None else self.exposed
+
+    @property
     def step(self) -> float:
-        return self.forward + self.backward + self.comm + self.optimizer
+        return self.forward + self.backward + self.waited + self.optimizer
 
     @property
     def efficiency(self) -> float:
-        """compute / (compute + comm): seed 003's communication efficiency."""
-        return self.compute / (self.compute + self.comm)
+        """compute / (compute + waited communication): seed 003's communication efficiency."""
+        return self.compute / (self.compute + self.waited)
 
     @property
     def overhead(self) -> float:
-        """comm / compute: the share communication adds to the compute of a step."""
-        return self.comm / self.compute
+        """waited communication / compute: the share communication adds to the compute of a step."""
+        return self.waited / self.compute
 
 
-def ddp_step_model(cfg, batch: int, n: int, profile, *, bucket_bytes: int | None = 25 << 20) -> DDPStep:
+def ddp_step_model(cfg, batch: int, n: int, profile, *, bucket_bytes: int | None = 25 << 20,
+                   first_bucket_bytes: int | None = None, overlap: bool = False) -> DDPStep:
     """The simulated DDP step of the GPT `cfg` with `batch` sequences of cfg.block_size tokens
     on each of n ranks: compute from `pipelib.memory.gpt_train_flops`, one ring all-reduce per
-    bucket of `bucket_bytes` (None: per tensor, step 1), Adam's memory traffic."""
+    bucket of `bucket_bytes` (None: per tensor, step 1), Adam's memory traffic. With `overlap`,
+    the all-reduces run during backward (step 3; see the module's docstring): `exposed` is the
+    part that outlasts it."""
     p = get_profile(profile)
     shapes = gpt_param_shapes(cfg)
     numels = [_prod(s) for s in shapes.values()]
     psi = sum(numels)
     fwd = gpt_train_flops(cfg, batch, cfg.block_size) / 3
-    if bucket_bytes is not None:
-        numels = [b.numel for b in plan_buckets(list(zip(shapes, numels)), bucket_bytes)]
-    comm = all_reduce_time(numels, n, p) if n > 1 else 0.0
-    return DDPStep(p.compute_time(fwd), p.compute_time(2 * fwd), p.compute_time(0, OPTIMIZER_BYTES * psi), comm)
+    plan = plan_buckets(list(zip(shapes, numels)), bucket_bytes or 1, 4, first_bucket_bytes)
+    times = [all_reduce_time([b.numel], n, p) if n > 1 else 0.0 for b in plan]
+    bwd = p.compute_time(2 * fwd)
+    exposed = _exposed([b.numel for b in plan], times, psi, bwd) if overlap else None
+    return DDPStep(p.compute_time(fwd), bwd, p.compute_time(0, OPTIMIZER_BYTES * psi), sum(times), exposed)
+
+
+def _exposed(numels, times, psi: int, backward: float) -> float:
+    """One lane, buckets in index order: bucket b ready when backward has produced the
+    gradients up to it (in proportion to parameters), started when ready and the lane free."""
+    free, done = 0.0, 0
+    for k, t in zip(numels, times):
+        done += k
+        free = max(free, backward * done / psi) + t
+    return max(0.0, free - backward)
 
 
 def _prod(shape) -> int:
@@ -106,24 +138,46 @@ def _prod(shape) -> int:
     return out
 
 
-def two_ranks_slower(cfg, batch: int, profile, *, bucket_bytes: int | None = 25 << 20) -> bool:
+def two_ranks_slower(cfg, batch: int, profile, *, bucket_bytes: int | None = 25 << 20,
+                     overlap: bool = False) -> bool:
     """With a global batch of `batch` sequences: is one DDP step on 2 ranks (batch / 2 each,
-    plus the all-reduce) slower than the whole batch on 1 rank? (strong scaling, no overlap)"""
-    return (ddp_step_model(cfg, batch // 2, 2, profile, bucket_bytes=bucket_bytes).step
+    plus the all-reduce, overlapped with backward or not) slower than the whole batch on 1 rank?
+    (strong scaling)"""
+    return (ddp_step_model(cfg, batch // 2, 2, profile, bucket_bytes=bucket_bytes, overlap=overlap).step
             > ddp_step_model(cfg, batch, 1, profile, bucket_bytes=bucket_bytes).step)
 
 
-def crossover_params(tokens: int, profile, n: int = 2, buckets: int = 1, itemsize: int = 4) -> float:
+def _saved_per_param(tokens: int, p, n: int, overlap: bool, itemsize: int) -> float:
+    """Seconds per parameter that n ranks save on compute, less the all-reduce's bandwidth
+    term. Without overlap they save 6 T (1 - 1/n) / F; with ideal overlap (the all-reduce,
+    longer than backward, starts with it) the step is 2 psi T / (n F) + comm: they save
+    T (6 - 2/n) / F."""
+    compute = 6 * (1 - 1 / n) if not overlap else 6 - 2 / n
+    return compute * tokens / p.flops - 2 * (n - 1) / n * itemsize / p.link.beta
+
+
+def crossover_params(tokens: int, profile, n: int = 2, buckets: int = 1, itemsize: int = 4,
+                     overlap: bool = False) -> float:
     """Closed form: the parameter count below which n ranks (tokens / n each, then one ring
     all-reduce in `buckets` buckets) take longer than one rank on all `tokens`, with compute
-    6 psi T / F. n ranks save 6 psi T (1 - 1/n) / F of compute and pay
+    6 psi T / F. Without overlap n ranks save 6 psi T (1 - 1/n) / F of compute and pay
     buckets 2(n-1) alpha + 2 (n-1)/n itemsize psi / beta: equal at
     psi* = buckets 2(n-1) alpha / (6 T (1 - 1/n) / F - 2 (n-1)/n itemsize / beta).
+    With ideal overlap, 6 T (1 - 1/n) becomes T (6 - 2/n) (`_saved_per_param`).
     Infinite when the link's bandwidth alone costs more than the compute saved (then n ranks
-    lose at every size, without overlap)."""
+    lose at every size)."""
     p = get_profile(profile)
-    saved = 6 * tokens * (1 - 1 / n) / p.flops - 2 * (n - 1) / n * itemsize / p.link.beta
+    saved = _saved_per_param(tokens, p, n, overlap, itemsize)
     return buckets * 2 * (n - 1) * p.link.alpha / saved if saved > 0 else float("inf")
+
+
+def crossover_tokens(profile, n: int = 2, itemsize: int = 4, overlap: bool = False) -> float:
+    """The global batch (tokens) below which n ranks lose to one at *every* model size, from
+    the bandwidth alone: 2 (n-1)/n itemsize F / beta over 6 (1 - 1/n) without overlap
+    (4F / (3 beta) on 2 ranks, any n), over 6 - 2/n with ideal overlap (4F / (5 beta) on 2)."""
+    p = get_profile(profile)
+    compute = 6 * (1 - 1 / n) if not overlap else 6 - 2 / n
+    return 2 * (n - 1) / n * itemsize * p.flops / p.link.beta / compute
 
 
 def step_parts(trace, rank: int = 0) -> dict:

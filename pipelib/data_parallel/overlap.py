@@ -165,3 +165,19 @@ class BackwardTimer:
             if self.counter is not None:
                 self.counter.__exit__(exc_type, exc, tb)
         return False
+
+
+def unused_parameters(loss, params) -> list:
+    """The parameters of `params` that backward from `loss` will not reach: a walk of the
+    autograd graph (what torch's DDP does after forward with find_unused_parameters=True)."""
+    reached, seen, todo = set(), set(), [loss.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        var = getattr(fn, "variable", None)  # an AccumulateGrad node: the leaf it accumulates into
+        if var is not None:
+            reached.add(id(var))
+        todo.extend(f for f, _ in fn.next_functions)
+    return [p for p in params if id(p) not in reached]

@@ -32,12 +32,15 @@ class TorchDDP:
     """torch's DistributedDataParallel behind the steps' four calls (its backward timed as one
     COMPUTE event "B"; its all-reduces run inside it, on gloo's own threads)."""
 
-    def __init__(self, model, group=None, *, comm: str = "gloo", bucket_bytes: int = ddp.DEFAULT_BUCKET_BYTES):
+    def __init__(self, model, group=None, *, comm: str = "gloo", bucket_bytes: int = ddp.DEFAULT_BUCKET_BYTES,
+                 comm_hook=None):
         from pipelib.runtime.device import current
 
         self.module, self.dev = model, current()
         self.ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group,
                                                              bucket_cap_mb=bucket_bytes / 2**20)
+        if comm_hook is not None:  # one of torch.distributed.algorithms.ddp_comm_hooks' hooks
+            self.ddp.register_comm_hook(group, comm_hook)
 
     def __call__(self, *args, **kwargs):
         return self.ddp(*args, **kwargs)
@@ -56,10 +59,23 @@ class TorchDDP:
         """Nothing to stop."""
 
 
-def _ours(cls, bucketed: bool = True):
+def _ours(cls, bucketed: bool = True, **options):
     def wrap(model, group, *, comm="pipelib", bucket_bytes=ddp.DEFAULT_BUCKET_BYTES):
-        return cls(model, group, comm=comm, **({"bucket_bytes": bucket_bytes} if bucketed else {}))
+        return cls(model, group, comm=comm, **({"bucket_bytes": bucket_bytes, **options} if bucketed else {}))
     return wrap
+
+
+def torch_bf16_hook(process_group, bucket):
+    """torch's `default_hooks.bf16_compress_hook`, called unchanged. torch refuses that hook by
+    its name unless NCCL (>= 2.10) or XCCL is there; gloo sums bf16 too, so on CPU it is
+    registered under this name."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+    return bf16_compress_hook(process_group, bucket)
+
+
+def _torch_bf16(model, group, *, comm="gloo", bucket_bytes=ddp.DEFAULT_BUCKET_BYTES):
+    return TorchDDP(model, group, comm=comm, bucket_bytes=bucket_bytes, comm_hook=torch_bf16_hook)
 
 
 DDP_STEPS = MappingProxyType({s.name: s for s in (
@@ -70,6 +86,9 @@ DDP_STEPS = MappingProxyType({s.name: s for s in (
             "step 3: each bucket's all-reduce started from gradient hooks, during backward"),
     DDPStepKind("no_sync", _ours(ddp.DDP), True, "step 4: no_sync() for gradient accumulation"),
     DDPStepKind("torch", TorchDDP, True, "torch.nn.parallel.DistributedDataParallel"),
+    DDPStepKind("bf16", _ours(ddp.DDP, comm_hook="bf16"), True,
+                "step 4 with the bf16 communication hook: buckets all-reduced in bfloat16"),
+    DDPStepKind("torch_bf16", _torch_bf16, True, "torch's DDP with default_hooks.bf16_compress_hook"),
 )})
 
 

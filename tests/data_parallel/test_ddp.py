@@ -99,7 +99,7 @@ def test_gloo_switch_equals_pipelib_ring(cluster4):
     for comm in ("gloo", "pipelib"):
         res = run_ddp(cluster4, "overlap", ODD, steps=3, batch=8, bucket_bytes=2048, comm=comm)
         check_against_reference(res, ref[0], ref[1], ref_params=ref[2], shared=True, **TOL)
-    assert set(STEPS) == {"all_reduce", "buckets", "overlap", "no_sync", "torch"}
+    assert set(STEPS) == {"all_reduce", "buckets", "overlap", "no_sync", "torch", "bf16", "torch_bf16"}
 
 
 # cpu2 (tests/conftest.py): the session's two real CPU engines, for the overlapped step's real

@@ -83,3 +83,76 @@ def test_crossover_closed_form():
     assert crossover_params(49152, pcie) > psi                      # a slower link needs a bigger model
     assert crossover_params(12288, pcie) == float("inf")            # PCIe's bandwidth alone loses below 26k tokens
     assert crossover_params(49152, nv, buckets=3) == pytest.approx(3 * psi)
+
+
+BIG = GPTConfig(vocab_size=64, block_size=32, n_layer=24, n_head=4, n_embd=2048)   # 1.2 B parameters
+
+
+def test_overlapped_step_model_bounds():
+    """Step 3 on paper: never faster than compute or than forward + the all-reduces, never slower
+    than step 2; the last bucket (ready when backward ends) is always exposed."""
+    from pipelib.data_parallel.buckets import plan_buckets
+    from pipelib.memory import gpt_param_shapes
+
+    for link, factor in (("pcie5", 192), ("pcie5", 4), ("nvlink4", 192)):
+        prof = scaled_profile("h100-pcie-cluster", factor, link)
+        for bb in (1 << 20, 25 << 20):
+            flat = ddp_step_model(BIG, 8, 2, prof, bucket_bytes=bb)
+            over = ddp_step_model(BIG, 8, 2, prof, bucket_bytes=bb, overlap=True)
+            assert over.comm == flat.comm and over.compute == flat.compute
+            assert flat.forward + max(flat.backward, flat.comm) + flat.optimizer <= over.step <= flat.step
+            sizes = [(k, int(torch_prod(s))) for k, s in gpt_param_shapes(BIG).items()]
+            last = all_reduce_time([plan_buckets(sizes, bb)[-1].numel], 2, prof)
+            assert over.exposed >= last * (1 - 1e-12)
+    assert DDPStep(1.0, 2.0, 0.5, 1.0, exposed=0.25).step == 3.75
+
+
+def torch_prod(shape):
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def test_mfu_scales_the_flops():
+    p = scaled_profile("h100-pcie-cluster", 2, "pcie5", mfu=0.45)
+    assert p.flops == pytest.approx(756e12 * 0.45 / 2) and "45% MFU" in p.name
+    with pytest.raises(ValueError, match="mfu=1.5"):
+        scaled_profile("h100", mfu=1.5)
+    # at 45% of peak the same step computes 1/0.45 times longer: the no-overlap overhead x 0.45 (+ latency)
+    o1 = ddp_step_model(BIG, 8, 2, scaled_profile("h100-pcie-cluster", 192, "pcie5")).overhead
+    o45 = ddp_step_model(BIG, 8, 2, scaled_profile("h100-pcie-cluster", 192, "pcie5", mfu=0.45)).overhead
+    assert o45 == pytest.approx(0.45 * o1, rel=1e-9)
+
+
+def test_bandwidth_bounds_with_and_without_overlap():
+    """2 ranks lose at every size below T = 4F/(3 beta) without overlap, 4F/(5 beta) with ideal
+    overlap; the H100 PCIe card (756 TFLOP/s) over PCIe 5 has F/beta = 15,120."""
+    from pipelib.data_parallel.efficiency import crossover_tokens
+
+    p = scaled_profile("h100-pcie-cluster", 1, "pcie5")
+    assert p.flops_per_link_byte == pytest.approx(15_120)
+    assert crossover_tokens(p) == pytest.approx(4 * 15_120 / 3) and crossover_tokens(p, 4) == crossover_tokens(p)
+    assert crossover_tokens(p, overlap=True) == pytest.approx(4 * 15_120 / 5)
+    for overlap in (False, True):
+        t = crossover_tokens(p, overlap=overlap)
+        assert crossover_params(t * 0.99, p, overlap=overlap) == float("inf")
+        assert crossover_params(t * 1.01, p, overlap=overlap) < float("inf")
+    # between the two bounds, a 1.2 B model: 2 ranks lose without overlap, win with it (the step model)
+    tokens = 16_000
+    prof = scaled_profile("h100-pcie-cluster", tokens / (16 * 32), "pcie5")
+    assert two_ranks_slower(BIG, 16, prof) and not two_ranks_slower(BIG, 16, prof, overlap=True)
+
+
+@pytest.mark.cluster
+def test_simulated_overlap_between_the_bounds(cluster4):
+    """The cluster's step 3 (virtual clock) lies between the ideal overlap and step 2."""
+    from pipelib.data_parallel.runner import run_ddp
+
+    prof = scaled_profile("h100-pcie-cluster", 50, "pcie5")
+    for bb in (4096, 1 << 20):
+        res = run_ddp(cluster4, "overlap", CFG, ranks=2, steps=1, batch=8, profile=prof, bucket_bytes=bb)
+        flat = ddp_step_model(CFG, 4, 2, prof, bucket_bytes=bb)
+        t = res[0].times[0]
+        assert flat.forward + max(flat.backward, flat.comm) + flat.optimizer <= t * (1 + 1e-9)
+        assert t <= flat.step * (1 + 1e-9)
