@@ -22,9 +22,17 @@ is its entry's `predict` in `pipelib.recompute.registry`), for n blocks:
 Extra FLOPs are the matmuls of the rerun forward: every block for full and every_k (each
 segment is rerun once, whatever k), the two T x T products of the core for selective.
 
+Fused attention (FlashAttention; a `Shape` with ``fused_attention=True``, a model too big to
+build here) never stores the s x s tensors: the kernel keeps q, k, v, its output and a
+log-sum-exp per row and head (fp32), and recomputes the probabilities in its own backward (its
+dropout mask too, from the random state). So a fused block keeps 16 B T C elements plus the
+log-sum-exp (plus the two residual dropouts' masks), the selective policy has only the
+log-sum-exp left to drop, and the trade that matters is full recomputation (or offloading,
+`pipelib.recompute.offload`). `fused_layer_bytes` counts it.
+
 Chapter 14. Megatron-LM's 16-bit count s b h (34 + 5 a s / h) is
 `pipelib.memory.megatron_layer_activation_bytes`; `selective_headline` is the paper's headline
-from it.
+from it, for unfused or fused attention.
 """
 from __future__ import annotations
 
@@ -50,6 +58,7 @@ class Shape:
     vocab_size: int = 51200
     block_size: int = 2048
     dropout: float = 0.0
+    fused_attention: bool = False  # FlashAttention: no s x s tensor kept (module docstring)
 
 
 # GPT-3 175B (Brown et al. 2020), the row of Korthikanti et al.'s Table 3.
@@ -68,12 +77,36 @@ class PolicyCost:
     extra_flops: int
 
 
+def fused_layer_bytes(cfg, batch: int, seq: int, itemsize: int = 2, mask_bytes: int | None = None) -> int:
+    """One block with fused attention (FlashAttention): the written-out count's 16 B T C elements
+    (q, k, v are views of c_attn's output; the kernel's output is c_proj's input), a fp32
+    log-sum-exp per row and head (a B T), the LayerNorm statistics and, with dropout, the two
+    residual dropouts' masks (the attention dropout's mask is regenerated in backward). In
+    16-bit with 1-byte masks: Korthikanti et al.'s 34 s b h, plus the log-sum-exp and statistics."""
+    B, T, C, a = batch, seq, cfg.n_embd, cfg.n_head
+    m = itemsize if mask_bytes is None else mask_bytes
+    nbytes = itemsize * 16 * B * T * C + STATS_BYTES * a * B * T + 2 * 2 * B * T * STATS_BYTES
+    if getattr(cfg, "dropout", 0.0) > 0:
+        nbytes += m * 2 * B * T * C
+    return nbytes
+
+
+def layer_bytes(cfg, batch: int, seq: int, itemsize: int = 4, mask_bytes: int | None = None) -> int:
+    """What one block keeps: `fused_layer_bytes` for a fused-attention `Shape`, else the tiny
+    GPT's op-by-op count (`pipelib.memory.gpt_layer_activation_bytes`)."""
+    if getattr(cfg, "fused_attention", False):
+        return fused_layer_bytes(cfg, batch, seq, itemsize, mask_bytes)
+    return gpt_layer_activation_bytes(cfg, batch, seq, itemsize, mask_bytes)
+
+
 def core_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
                           mask_bytes: int | None = None) -> int:
     """What the written-out attention core saves: the q, k and v copies of its two matmuls
     (3 B T C) and the softmax output (a B T^2), plus with dropout a mask and the dropped
-    matrix (a B T^2 each)."""
+    matrix (a B T^2 each). Fused: q, k, v (3 B T C) and the fp32 log-sum-exp (a B T)."""
     B, T, C, a = batch, seq, cfg.n_embd, cfg.n_head
+    if getattr(cfg, "fused_attention", False):
+        return itemsize * 3 * B * T * C + STATS_BYTES * a * B * T
     m = itemsize if mask_bytes is None else mask_bytes
     nbytes = itemsize * (3 * B * T * C + a * B * T * T)
     if getattr(cfg, "dropout", 0.0) > 0:
@@ -84,15 +117,16 @@ def core_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
 def selective_layer_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
                           mask_bytes: int | None = None) -> int:
     """A block under selective recomputation: the core's tensors out, its q, k, v (3 B T C) in."""
-    full = gpt_layer_activation_bytes(cfg, batch, seq, itemsize, mask_bytes)
+    full = layer_bytes(cfg, batch, seq, itemsize, mask_bytes)
     return (full - core_activation_bytes(cfg, batch, seq, itemsize, mask_bytes)
             + itemsize * 3 * batch * seq * cfg.n_embd)
 
 
 def _outside_blocks(cfg, B, T, dt, mask_bytes) -> tuple[int, int]:
     """(embedding's saved bytes, head's plus the loss's): what no policy touches."""
+    unfused = gpt_layer_activation_bytes(cfg, B, T, dt, mask_bytes)
     whole = gpt_activation_bytes(cfg, B, T, dt, mask_bytes)
-    blocks = cfg.n_layer * gpt_layer_activation_bytes(cfg, B, T, dt, mask_bytes)
+    blocks = cfg.n_layer * unfused
     embed = INDEX_BYTES * (B * T + T)
     if getattr(cfg, "dropout", 0.0) > 0:
         embed += (dt if mask_bytes is None else mask_bytes) * B * T * cfg.n_embd
@@ -101,7 +135,7 @@ def _outside_blocks(cfg, B, T, dt, mask_bytes) -> tuple[int, int]:
 
 def _sizes(cfg, B, T, dt, mask_bytes):
     """(L bytes a block saves, embedding's, head's and loss's, per-block forward FLOPs)."""
-    L = gpt_layer_activation_bytes(cfg, B, T, dt, mask_bytes)
+    L = layer_bytes(cfg, B, T, dt, mask_bytes)
     embed, head = _outside_blocks(cfg, B, T, dt, mask_bytes)
     per_layer_flops = (gpt_forward_flops(cfg, B, T) - 2 * B * T * cfg.n_embd * cfg.vocab_size) // cfg.n_layer
     return L, embed, head, per_layer_flops
@@ -149,24 +183,34 @@ def predict_policy(cfg, batch: int, seq: int, policy: str, k: int | None = None,
     return policy_info(policy).cost(cfg, batch, seq, k, itemsize, mask_bytes)
 
 
-def best_k(cfg, batch: int, seq: int, itemsize: int = 4) -> int:
-    """The segment length with the lowest predicted peak (Chen's sqrt(n) when I ~ L)."""
-    peaks = {k: predict_policy(cfg, batch, seq, "every_k", k, itemsize).peak_bytes
+def best_k(cfg, batch: int, seq: int, itemsize: int = 4, mask_bytes: int | None = None) -> int:
+    """The segment length with the lowest predicted peak (Chen's sqrt(n) when I ~ L). It depends
+    on L / I, so on what a block keeps: dropout's masks and matrices, fused attention."""
+    peaks = {k: predict_policy(cfg, batch, seq, "every_k", k, itemsize, mask_bytes).peak_bytes
              for k in range(1, cfg.n_layer + 1)}
     return min(peaks, key=lambda k: (peaks[k], k))
 
 
-def selective_headline(cfg=GPT3_175B, batch: int = 1, seq: int | None = None) -> dict:
+def selective_headline(cfg=GPT3_175B, batch: int = 1, seq: int | None = None, *,
+                       fused_attention: bool = False) -> dict:
     """Korthikanti et al.'s trade at 16 bits: activation memory saved, FLOPs added.
 
-    Per layer, s b h (34 + 5 a s / h) bytes; selective keeps the 34 s b h. The rerun core costs
-    4 b s^2 h FLOPs against a forward of 24 b s h^2 + 4 b s^2 h: s / (6 h + s) of a forward,
-    a third of that of a training step (forward and backward)."""
+    Per layer, s b h (34 + 5 a s / h) bytes with the attention written out; selective keeps the
+    34 s b h. The rerun core costs 4 b s^2 h FLOPs against a forward of 24 b s h^2 + 4 b s^2 h:
+    s / (6 h + s) of a forward, a third of that of a training step (forward and backward).
+    The paper writes its overhead as 2.7% for GPT-3 from its own per-iteration estimate
+    (`paper_overhead`: s / (6 h), as the paper's Eq. 9 approximates it).
+
+    ``fused_attention=True``: the kernel never stores the 5 a s^2 b bytes (module docstring),
+    a layer keeps 34 s b h plus a fp32 log-sum-exp (4 a s b), and selective, rerunning the
+    kernel's forward for the same FLOPs, saves only the log-sum-exp."""
     s, b, h, a = seq or cfg.block_size, batch, cfg.n_embd, cfg.n_head
-    full = megatron_layer_activation_bytes(cfg, b, s)
     kept = 34 * s * b * h
+    lse = STATS_BYTES * a * s * b
+    full = kept + lse if fused_attention else megatron_layer_activation_bytes(cfg, b, s)
     extra = 4 * b * s * s * h
     forward = 24 * b * s * h * h + 4 * b * s * s * h
     return {"full_bytes": full, "selective_bytes": kept, "memory_saved": 1 - kept / full,
             "five_as_over_h": 5 * a * s / h, "extra_flops": extra,
-            "flops_over_forward": extra / forward, "flops_over_step": extra / (3 * forward)}
+            "flops_over_forward": extra / forward, "flops_over_step": extra / (3 * forward),
+            "paper_overhead": s / (6 * h), "fused_attention": fused_attention}
