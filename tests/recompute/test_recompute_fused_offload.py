@@ -27,7 +27,8 @@ def test_fused_16_bit_is_korthikantis_34_plus_the_log_sum_exp():
     s, b, h, a = 2048, 1, cfg.n_embd, cfg.n_head
     want = 34 * s * b * h + 4 * a * s * b + 2 * 2 * b * s * STATS_BYTES
     assert fused_layer_bytes(cfg, b, s, 2, 1) == want
-    assert fused_layer_bytes(cfg, b, s, 2, 1) < gpt_layer_activation_bytes(replace(cfg, fused_attention=False), b, s, 2, 1)
+    unfused = gpt_layer_activation_bytes(replace(cfg, fused_attention=False), b, s, 2, 1)
+    assert fused_layer_bytes(cfg, b, s, 2, 1) < unfused
 
 
 def test_selective_headline_holds_for_unfused_attention_only():
@@ -48,7 +49,7 @@ def test_best_k_for_gpt3_depends_on_what_a_block_keeps():
     assert round(ratio["no dropout"]) == 32 and round(ratio["dropout, byte masks"]) == 57
     assert 16 < ratio["fused"] < 18
     assert ks == {"no dropout": 2, "dropout, byte masks": 1, "fused": 2}
-    for k, (c, m) in cases.items():  # k = 1 wins exactly when n < 2 L / I
+    for k, (c, _) in cases.items():  # k = 1 wins exactly when n < 2 L / I
         assert (ks[k] == 1) == (c.n_layer < 2 * ratio[k])
 
 
