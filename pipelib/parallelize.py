@@ -65,9 +65,6 @@ class Plan:
             raise ValueError(f"Plan: data_parallel={self.data_parallel!r} with pp={self.pp}: it reduces each "
                              f"gradient as backward produces it, once per microbatch; use 'ddp' or 'zero1' "
                              f"with a pipeline (as Megatron-LM's distributed optimizer and DeepSpeed do)")
-        if self.tp > 1 and self.pp > 1:
-            raise ValueError(f"Plan: tp={self.tp} with pp={self.pp}: tensor parallelism inside pipeline "
-                             f"stages comes with chapter 15; use one of them with dp")
 
     def topology(self) -> Topology:
         return Topology(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, order=self.order)
@@ -175,12 +172,31 @@ class Parallel:
         from pipelib.pipeline.gpt import sum_tied_grads, tied_ranks
 
         by_stage = dict(zip((st.index for st in self.stages), self.reducers))
-        done = (lambda k: by_stage[k].finish_gradients()) if by_stage else None  # ZeRO's waits for its step
-        loss = execute(self.schedule, self.stages, x, y, cross_entropy, self.mesh["pp"], stage_done=done)
+        modules = {st.index: st.module for st in self.stages}
+        sequence_parallel = getattr(self.model, "tp_sequence_parallel", False)
+
+        def done(k):  # stage k's last backward is in: its gradients are whole on this rank's shard
+            if sequence_parallel:  # sum its sequence-parallel parameters' gradients over tp, once
+                _sync_sequence_grads(modules[k], self.model.tp_comm)
+            if k in by_stage:
+                by_stage[k].finish_gradients()  # then data parallelism reduces them (ZeRO: waits)
+
+        loss = execute(self.schedule, self.stages, x, y, self._loss_of_logits(cross_entropy), self.mesh["pp"],
+                       stage_done=done if sequence_parallel or by_stage else None)
         first, last = tied_ranks(self.schedule)
         sum_tied_grads(self.model.embed.wte.weight, self.schedule, self.mesh["pp"],
                        self.mesh.tied_group(first, last))
         return None if loss is None else loss.detach()
+
+    def _loss_of_logits(self, loss_fn):
+        """The last stage's loss of its logits: under a vocabulary-parallel head (tp > 1) each tp
+        rank holds V/t of them, and the cross-entropy is Megatron's, over the tp group."""
+        from pipelib.tensor_parallel.vocab import VocabParallelHead, vocab_parallel_cross_entropy
+
+        head = self.model.head.lm_head
+        if not isinstance(head, VocabParallelHead):
+            return loss_fn
+        return lambda logits, targets: vocab_parallel_cross_entropy(logits, targets, self.model.tp_comm, head.start)
 
     def unshard(self, what: str = "grad") -> dict[str, torch.Tensor]:
         """{monolith name: tensor} of what this rank holds, whole (`pipelib.placement.unshard`:
@@ -238,6 +254,14 @@ def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | Non
         kind = DATA_PARALLEL[plan.data_parallel]
         par.reducers = [kind.wrap(m, mesh["dp"], plan, optimizer or torch.optim.Adam) for m in modules]
     return par
+
+
+def _sync_sequence_grads(module: nn.Module, comm) -> None:
+    """`sync_sequence_grads` on one pipeline stage's modules (the stage's share of the model)."""
+    from pipelib.tensor_parallel.apply import sync_sequence_grads
+
+    module.tp_comm, module.tp_sequence_parallel = comm, True
+    sync_sequence_grads(module)
 
 
 def _placements(model, plan, stages) -> dict:

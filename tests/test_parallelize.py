@@ -70,6 +70,64 @@ def test_dp2_pp2_with_the_stage_hook_equals_one_process_and_bytes_per_axis(clust
     assert len(reduces) == RECIPE.steps * 4  # once per stage per step, on each of its 2 dp ranks
 
 
+@pytest.fixture(scope="module")
+def cluster8():
+    from pipelib.runtime.cluster import Cluster
+
+    c = Cluster(8, timeout=60)
+    yield c
+    c.stop()
+
+
+def _block_shard_numel(cfg, t):
+    """A block's parameter elements on one tp rank (column-parallel c_attn and c_fc with biases,
+    row-parallel c_proj weights split; layer norms and c_proj biases replicated)."""
+    C = cfg.n_embd
+    return (3 * C * C + 3 * C + 4 * C * C + 4 * C + C * C + 4 * C * C) // t + 2 * 2 * C + 2 * C
+
+
+def test_dp2_tp2_pp2_every_axis_at_once_equals_one_process_and_bytes_per_axis(cluster8):
+    """Chapter 15's grid: tensor parallelism inside each pipeline stage, data parallelism over
+    both, 8 ranks; each axis's bytes from the trace equal its formula."""
+    from pipelib.tensor_parallel.formulas import tp_step_counts
+
+    plan = Plan(dp=2, tp=2, pp=2, microbatches=2)
+    results = run(cluster8, RECIPE, plan)
+    trace = cluster8.trace()
+    check_against_reference(results, RECIPE.reference(), shared=True)
+    C, V, T, t, rows = GPT.n_embd, GPT.vocab_size, GPT.block_size, 2, RECIPE.batch_size // 2
+    # tp: Megatron's collectives of the whole model on a dp rank's rows (the stages share them),
+    # sent by both ranks of each tp group
+    c = tp_step_counts(GPT.n_layer, rows, T, C, t, 8, vocab=True)
+    assert trace.bytes_sent(axis="tp") == RECIPE.steps * 2 * 2 * (c.forward_bytes + c.backward_bytes)
+    # pp: in each of the 4 pipelines (dp x tp), every microbatch's activation and its gradient,
+    # and the tied embedding/head shard (V/t x C) summed over the first and last stage
+    act = rows // plan.microbatches * T * C * 8
+    tied = _all_reduce_bytes(V // t * C, 2)
+    assert trace.bytes_sent(axis="pp") == RECIPE.steps * 4 * (2 * plan.microbatches * act + tied)
+    # dp: each stage's tp shard all-reduced once per step over its 2 dp ranks, for both tp ranks;
+    # the last stage's head is the embedding's shard (tied), held by both stages
+    stage0 = V // t * C + T * C + _block_shard_numel(GPT, t)
+    stage1 = _block_shard_numel(GPT, t) + 2 * C + V // t * C
+    assert trace.bytes_sent(axis="dp") == RECIPE.steps * 2 * sum(_all_reduce_bytes(n, 2) for n in (stage0, stage1))
+    assert sum(r.losses != () for r in results) == 1  # one rank reports the loss
+
+
+def test_sequence_parallel_inside_interleaved_pipeline_stages_equals_one_process(cluster4):
+    """tp=2 x pp=2 with sequence parallelism, 2 chunks per rank: each stage's layer norms summed
+    over tp when its last backward is done, and half the activation bytes between stages."""
+    gpt = GPTConfig(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_embd=16)
+    recipe = Recipe(gpt, batch_size=8, steps=3, lr=1e-2, dtype=torch.float64)
+    plan = Plan(tp=2, pp=2, schedule="interleaved_1f1b", microbatches=2, sequence_parallel=True)
+    results = run(cluster4, recipe, plan)
+    check_against_reference(results, recipe.reference(), shared=True)
+    rows, T, C = recipe.batch_size // plan.microbatches, gpt.block_size, gpt.n_embd
+    act = rows * T // 2 * C * 8  # (rows/m, T/t, C) float64: the sequence shard crosses the stages
+    tied = _all_reduce_bytes(gpt.vocab_size // 2 * C, 2)
+    # 4 stages on 2 ranks: 3 boundaries, each crossed forward and backward per microbatch, in both tp pipelines
+    assert cluster4.trace().bytes_sent(axis="pp") == recipe.steps * 2 * (3 * 2 * plan.microbatches * act + tied)
+
+
 def test_plan_prints_round_trips_and_checks_before_any_engine_work():
     plan = Plan(dp=2, pp=2, microbatches=4)
     assert str(plan) == "Plan(dp=2 x pp=2: ddp; 1f1b, m=4)"

@@ -69,7 +69,7 @@ def exchange_shapes(s: Schedule, mine: dict, rank: int, group, first_input):
         in_spec[stage_id] = (tuple(x.shape), x.dtype)
         if stage_id == s.num_stages - 1:
             continue
-        with torch.no_grad():
+        with torch.no_grad(), current().off_record():  # a tensor-parallel stage's collectives too
             y = mine[stage_id].module(x)
         out[stage_id] = (tuple(y.shape), y.dtype)
         nxt = s.stage_to_rank[stage_id + 1]

@@ -142,6 +142,13 @@ class Device:
 
         return override_scope(self, profile, capacity)
 
+    def off_record(self):
+        """Run the block off the record: no events, no bytes counted, no virtual time (a context
+        manager: `pipelib.runtime.span.off_record_scope`; the pipeline's shape handshake)."""
+        from pipelib.runtime.span import off_record_scope
+
+        return off_record_scope(self)
+
     def reset(self) -> None:
         """Start a new measurement: clock to 0 (virtual) and an empty trace."""
         if self.clock.virtual:

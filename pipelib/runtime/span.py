@@ -95,3 +95,23 @@ def override_scope(dev, profile=None, capacity: int | None = None):
     finally:
         dev.profile = before_profile
         mem.capacity = before_capacity
+
+
+@contextlib.contextmanager
+def off_record_scope(dev):
+    """Run the block off the record: no events, no bytes counted, and on a virtual clock no time
+    (the clock is put back). For machinery that must really run but is no part of the step,
+    such as the pipeline's shape handshake, whose forward on zeros runs a tensor-parallel
+    stage's collectives too (torch's pipelining infers shapes once, before its first step)."""
+    counts = dev.counters()
+    before, enabled, peak = dict(counts), dev.tracer.enabled, dev.memory.peak
+    start = dev.clock.now()
+    dev.tracer.enabled = False
+    try:
+        yield dev
+    finally:
+        dev.tracer.enabled = enabled
+        counts.update(before)
+        dev.memory.peak = max(peak, dev.memory.total)
+        if dev.clock.virtual:
+            dev.clock.reset(start)
