@@ -26,6 +26,7 @@ from pipelib.pipeline.schedules import (
     write_csv,
     zbv,
     zero_bubble_h1,
+    zero_bubble_h2,
 )
 
 PS = [1, 2, 3, 4, 8]
@@ -110,6 +111,23 @@ def test_one_f_one_b_golden_order():
     # m < p: warm-up is capped at m forwards, not p - rank - 1 (torch's _get_pipeline_order
     # draws 0F0 0F1 0F2 here, a forward for a microbatch that does not exist).
     assert " ".join(map(str, one_f_one_b(4, 2).actions[0])) == "0F0 0F1 0B0 0B1"
+
+
+def test_zb_h2_holds_2p_minus_1_as_qi_et_al():
+    """Qi et al.'s ZB-H2 (Table 2, Figure 3): rank 0 runs F1..F7, B1, W1 for p = 4 (here
+    0-based, I for B) and holds at most 2p-1 microbatches: forwarded, weight gradient not done."""
+    for p in (1, 2, 3, 4, 8):
+        for m in range(1, 4 * p + 1):
+            s = zero_bubble_h2(p, m)
+            for acts in s.actions:
+                in_flight = peak = 0
+                for a in acts:
+                    in_flight += (a.op is Op.F) - (a.op is Op.W)
+                    peak = max(peak, in_flight)
+                assert peak <= 2 * p - 1, (p, m, acts)
+            assert max(sum(a.op is Op.F for a in acts[:2 * p]) for acts in s.actions) == min(2 * p - 1, m)
+    first = " ".join(map(str, zero_bubble_h2(4, 8).actions[0][:10]))
+    assert first == "0F0 0F1 0F2 0F3 0F4 0F5 0F6 0I0 0W0 0I1"
 
 
 def test_gpipe_naive_and_placements():

@@ -4,8 +4,8 @@ Qi et al. 2023, "Zero Bubble Pipeline Parallelism" (ICLR 2024): only I is on the
 path between stages, because only the input gradient is sent to the previous stage. W needs no
 message, so it can be deferred into what would otherwise be bubbles. ZB-H1 keeps 1F1B's peak
 memory (at most p microbatches in flight on any rank) and cuts its bubble to about a third;
-ZB-H2 lets up to 2p microbatches be in flight and turns the step into a parallelogram: no rank
-idles between its own first and last action. ZB-V places two stages per rank in a V and, with
+ZB-H2 lets up to 2p-1 microbatches be in flight (Qi et al.'s (2p-1) M_B) and turns the step into
+a parallelogram: no rank idles between its own first and last action. ZB-V places two stages per rank in a V and, with
 equal F, I and W times, does the same at 1F1B's peak memory. DualPipe (DeepSeek-V3, 2024) feeds
 microbatches from both ends of the pipeline, pairing one microbatch's forward with another's
 backward so their communication can overlap; DualPipeV (Sea AI Lab's "cut-in-half" DualPipe)
@@ -58,10 +58,10 @@ def interleaved_zero_bubble(p: int, m: int, num_chunks: int = 2) -> Schedule:
 
 
 def zero_bubble_h2(p: int, m: int) -> Schedule:
-    """ZB-H2 (Qi et al. 2023, section 3.1): ZB-H1 with 2p microbatches in flight, a parallelogram.
+    """ZB-H2 (Qi et al. 2023, section 3.1): ZB-H1 with 2p-1 microbatches in flight, a parallelogram.
 
     ZB-H1 idles (p-1)F per rank: before its first I, rank r has only its p-1-r warm-up forwards
-    to run. ZB-H2 gives it more: up to 2p microbatches may be in flight (forwarded, W not yet
+    to run. ZB-H2 gives it more: up to 2p-1 microbatches may be in flight (forwarded, W not yet
     done), so rank r warms up with 2(p-1-r)+1 forwards, exactly enough to stay busy until its
     first input gradient comes back, and it pushes Ws to the tail. With F = I = W each rank is
     busy from its first action to its last (for m >= 2p-1): the step is a parallelogram whose
@@ -71,11 +71,15 @@ def zero_bubble_h2(p: int, m: int) -> Schedule:
 
     Built as the paper's handcrafted ZB-H2 is drawn, with every op one time unit: in each slot
     every rank runs the first it can of: I of its oldest forwarded microbatch whose gradient has
-    arrived; F of its next microbatch, if its input has arrived and fewer than 2p are in flight;
-    W of its oldest pending I. torch.distributed.pipelining has no ZB-H2.
+    arrived; F of its next microbatch, if its input has arrived and fewer than 2p-1 are in
+    flight; W of its oldest pending I. Rank 0 thus starts F0..F(2p-2), I0, W0, as the paper's
+    Figure 3 (F1..F7, B1, W1 for p = 4) and its peak of (2p-1) M_B (Table 2); the rule then runs
+    I1 before F(2p-1), because that gradient is already there (the figure puts F8 before B2):
+    the same peak and the same parallelogram. A limit of 2p would admit F(2p-1) before W0 and
+    hold one microbatch more for no less idle time. torch.distributed.pipelining has no ZB-H2.
     """
     check_sizes(zero_bubble_h2, p, m)
-    limit, done = 2 * p, set()
+    limit, done = 2 * p - 1, set()
     nxt = {op: [0] * p for op in (Op.F, Op.I, Op.W)}
     acts: list[list[Action]] = [[] for _ in range(p)]
     while any(n < m for n in nxt[Op.W]):
