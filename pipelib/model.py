@@ -191,12 +191,22 @@ class Embedding(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (B, T) int64
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:  # (B, T) int64
+        """`positions` (T,): the global position of each of idx's columns, for a shard of a longer
+        sequence (context parallelism, chapter 17: zigzag and striped shards are not contiguous);
+        None: 0..T-1, the whole sequence."""
         B, T = idx.shape
-        if T > self.block_size:
-            raise ValueError(f"sequence length T={T} exceeds block_size={self.block_size}; "
-                             f"crop the input or build a GPTConfig with a larger block_size")
-        pos = torch.arange(T, device=idx.device)  # (T,)
+        if positions is None:
+            if T > self.block_size:
+                raise ValueError(f"sequence length T={T} exceeds block_size={self.block_size}; "
+                                 f"crop the input or build a GPTConfig with a larger block_size")
+            pos = torch.arange(T, device=idx.device)  # (T,)
+        else:
+            pos = positions.to(idx.device)  # (T,) global positions
+            if pos.shape != (T,) or int(pos.min()) < 0 or int(pos.max()) >= self.block_size:
+                raise ValueError(f"positions must be ({T},) and lie in 0..{self.block_size - 1} "
+                                 f"(block_size), got shape {tuple(pos.shape)}, range "
+                                 f"{int(pos.min())}..{int(pos.max())}; pass one global position per column")
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C) + (T, C) -> (B, T, C)
         return self.drop(x)  # (B, T, C)
 

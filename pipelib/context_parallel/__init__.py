@@ -12,6 +12,9 @@
   bytes, predicted time and torch's twin;
 - `step`: one forward and backward of any variant on a cluster (one measurement scope), its
   single-process reference and the check; the memory probe on a 1-axis "cp" mesh;
+- `model_step`: context parallelism across a whole tiny GPT: global positions, permuted labels,
+  the loss over the global token count, weight gradients all-reduced over the cp group; a
+  training run equal to one process (a strategy core: plain torch.distributed);
 - `costs`: the formulas: bytes per rank, overlap and the crossover shard length, memory per
   rank and the longest context (pure);
 - `torch_ring`: torch's private ring-attention template beside pipelib's (a private API);
