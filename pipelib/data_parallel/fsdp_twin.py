@@ -10,6 +10,13 @@ DTensors: `full_tensor()` gathers them for the comparison.
 Collectives are gloo's (C++), not pipelib's: the step-time ratio in
 `bench/data_parallel_zero.py` compares pipelib's Python rings against them.
 
+The layouts differ (`shard_layouts`): FSDP2 "chunks each parameter on dim-0 ... whereas FSDP1
+flattens, concatenates, and chunks a group of tensors" (torch's FSDP2 docs). So in FSDP2 every
+rank holds rows of every parameter, padded per parameter (`dim0_padded_numel`), and a rank's
+shard is a set of ordinary tensors (a state dict needs no communication); pipelib's ZeRO is
+FSDP1's and DeepSpeed's layout: one flat buffer per unit cut into N equal pieces, so a rank may
+hold part of one parameter and none of another, with at most N - 1 padding elements per unit.
+
 Introduced in chapter 08.
 """
 from __future__ import annotations
@@ -66,3 +73,49 @@ def train_fsdp(cluster, spec: dict, *, world_size: int | None = None, steps: int
 
     n = check_world(cluster, world_size, batch, "train_fsdp")
     return cluster.run(_zero_on_rank, n, fsdp_train, (spec, steps, batch), kw)
+
+
+def dim0_padded_numel(shapes, world_size: int) -> int:
+    """Elements FSDP2 allocates for parameters of `shapes` on N ranks, all shards together: each
+    parameter's dim 0 padded to a multiple of N (its own padding, per parameter), where pipelib's
+    `zero_formulas.padded_numel` pads each unit's flat buffer once."""
+    total = 0
+    for shape in shapes:
+        shape = tuple(shape) or (1,)
+        rest = 1
+        for d in shape[1:]:
+            rest *= d
+        total += -(-shape[0] // world_size) * world_size * rest
+    return total
+
+
+def shard_layouts(spec: dict, *, group=None) -> dict:
+    """On every rank of `group`: how FSDP2 and pipelib's ZeRO-3 cut the same model, per
+    parameter: {name: {"shape": full shape, "fsdp2": this rank's local DTensor shape (rows of
+    dim 0), "zero": (start, stop) of the flattened parameter in this rank's shard of its unit}}."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    from pipelib.data_parallel.zero import ZeRO
+    from pipelib.data_parallel.zero_runner import zero_model
+    from pipelib.data_parallel.zero_units import layer_units
+
+    mesh = DeviceMesh.from_group(dist.group.WORLD if group is None else group, "cpu")
+    model = zero_model(spec)
+    for _, layer in layer_units(model):
+        if layer is not model:
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    local = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}
+    ranges = ZeRO(zero_model(spec), group, stage=3).shard_ranges()
+    full = {n: tuple(p.shape) for n, p in zero_model(spec).named_parameters()}
+    return {n: {"shape": full[n], "fsdp2": local[n], "zero": ranges[n]} for n in full}
+
+
+def compare_layouts(cluster, spec: dict, *, world_size: int | None = None) -> list:
+    """`shard_layouts` on ranks 0..world_size-1 of `cluster`; one dict per rank (None outside)."""
+    from pipelib.data_parallel.zero_runner import _zero_on_rank, check_world
+
+    n = check_world(cluster, world_size, world_size or cluster.world_size, "compare_layouts")
+    return cluster.run(_zero_on_rank, n, shard_layouts, (spec,), {})

@@ -80,7 +80,7 @@ class ZeRO(ZeROGather, ZeROMemory, ZeROShards):
         from pipelib.data_parallel.replicas import check_same_parameters
 
         self.stage = check_stage(stage)
-        make_optimizer, optimizer_kwargs = _optimizer(optimizer, adamw, optimizer_kwargs)
+        make_optimizer, optimizer_kwargs = _zero_optimizer(optimizer, adamw, optimizer_kwargs)
         if mixed_precision and param_dtype != torch.bfloat16:
             raise ValueError(f"ZeRO: param_dtype={param_dtype}; mixed precision here keeps bf16 parameters "
                              f"(torch.bfloat16). fp16 would also need loss scaling (small gradients "
@@ -265,7 +265,7 @@ def _grad_dtype(reduce_dtype, dtype):
     return torch.float32
 
 
-def _optimizer(optimizer, adamw: bool, kwargs: dict):
+def _zero_optimizer(optimizer, adamw: bool, kwargs: dict):
     """(the optimizer class, its keyword arguments): torch's Adam (AdamW with adamw=True, weight
     decay 0 unless given) and lr=1e-3 by default, else any torch.optim.Optimizer class."""
     if optimizer is None:

@@ -47,6 +47,7 @@ Introduced in chapter 08.
 """
 from __future__ import annotations
 
+from pipelib.checks import check_int
 from pipelib.memory import ModelStateBytes
 
 STAGES = (0, 1, 2, 3)
@@ -104,8 +105,7 @@ def zero_comm_bytes(psi: int, world_size: int, stage: int, mixed_precision: bool
     table): 2 (N-1)/N psi b for stages 0-2 and 3 for stage 3 with one micro-batch; with
     `accumulate` = k micro-batches, stages 2 and 3 reduce (and stage 3 gathers) k times."""
     check_stage(stage, "zero_comm_bytes")
-    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-        raise ValueError(f"zero_comm_bytes: accumulate={accumulate!r}; use a whole number of micro-batches >= 1")
+    check_int(accumulate, "accumulate", context="zero_comm_bytes", hint="micro-batches per optimizer step")
     p, g, _ = element_bytes(mixed_precision, fp32_grads)
     k = accumulate
     per_elem = {0: 2 * g, 1: g + p, 2: k * g + p,

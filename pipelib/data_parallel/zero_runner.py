@@ -203,12 +203,13 @@ def train_zero(cluster, spec: dict, stage: int, *, world_size: int | None = None
     """Run `zero_train` on ranks 0..world_size-1 of `cluster` (default: all of them); one
     StepResult per rank, None for ranks outside the group. Bad arguments raise here, before
     any engine works."""
+    from pipelib.checks import check_int
     from pipelib.data_parallel.zero_formulas import check_stage
 
     check_stage(stage, "train_zero")
     n = check_world(cluster, world_size, batch, "train_zero")
-    k = kw.get("accumulate", 1)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1 or batch % (n * k):
+    k = check_int(kw.get("accumulate", 1), "accumulate", context="train_zero", hint="micro-batches per step")
+    if batch % (n * k):
         raise ValueError(f"train_zero: accumulate={k!r} with a global batch of {batch} on {n} ranks; use a "
                          f"whole number of micro-batches >= 1 that divides the {batch // n} rows per rank")
     return cluster.run(_zero_on_rank, n, zero_train, (spec, stage, steps, batch), kw)

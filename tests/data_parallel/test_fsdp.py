@@ -26,3 +26,29 @@ def test_same_gradients_as_fsdp2(cluster4, n):
         check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
     for name, g in fsdp[0].grads.items():  # and directly against each other
         assert (ours[0].grads[name] - g).abs().max() < 1e-6, name
+
+
+@pytest.mark.cluster
+def test_fsdp2_shards_each_parameter_on_dim0_where_zero_cuts_flat_units(cluster4):
+    """FSDP2: every rank holds rows of every parameter (torch.chunk of dim 0, padding per
+    parameter); pipelib's ZeRO: a rank holds one N-th of each unit's flat buffer, so some
+    parameters not at all. Both hold every element exactly once over the ranks."""
+    import math
+
+    import torch
+
+    from pipelib.data_parallel.fsdp_twin import compare_layouts, dim0_padded_numel
+    from pipelib.data_parallel.zero_formulas import padded_numel
+
+    spec = {"kind": "mlp", "in_features": 30, "hidden": 50, "out_features": 7, "num_layers": 3}
+    lay = compare_layouts(cluster4, spec)
+    for name, first in lay[0].items():
+        shape = first["shape"]
+        rows = [len(c) for c in torch.arange(shape[0]).chunk(4)] + [0] * 4
+        assert [lay[r][name]["fsdp2"][0] for r in range(4)] == rows[:4], name
+        assert all(lay[r][name]["fsdp2"][1:] == shape[1:] for r in range(4))
+        assert sum(lay[r][name]["zero"][1] - lay[r][name]["zero"][0] for r in range(4)) == math.prod(shape)
+    assert lay[0]["layers.0.0.bias"]["zero"] == (0, 0) and lay[0]["layers.0.0.bias"]["fsdp2"] == (13,)
+    shapes = [v["shape"] for v in lay[0].values()]
+    assert dim0_padded_numel(shapes, 4) == (13 * 4 * 30 + 13 * 4) + (13 * 4 * 50 + 13 * 4) + (2 * 4 * 50 + 2 * 4)
+    assert padded_numel([1550, 2550, 357], 4) < dim0_padded_numel(shapes, 4)

@@ -54,3 +54,35 @@ def test_memory_figure_stacks_measured_beside_formula():
     assert len(fig.data[0].y) == 8 and fig.layout.barmode == "stack"
     assert len(milestone_figure(1e9, [1, 2], {0: [16, 16], 3: [16, 8]}).data) == 2
     assert len(loss_curves_figure({"a": [3, 2, 1]}).data) == 1
+
+
+def test_traffic_with_gradient_accumulation_and_fp32_gradients():
+    psi, n = 1200, 4
+    ddp = zero_comm_bytes(psi, n, 0, accumulate=8)
+    assert ddp == zero_comm_bytes(psi, n, 0) == zero_comm_bytes(psi, n, 1, accumulate=8)  # once per step
+    for k in (1, 2, 8):  # ZeRO-2: (k+1)(N-1)/N psi, ZeRO-3: 3k(N-1)/N psi (16-bit elements)
+        assert zero_comm_bytes(psi, n, 2, accumulate=k) == (k + 1) * 3 * psi * 2 // 4
+        assert zero_comm_bytes(psi, n, 3, accumulate=k) == 3 * k * 3 * psi * 2 // 4
+        assert zero_comm_bytes(psi, n, 3, accumulate=k, reshard_after_forward=False) == 2 * k * 3 * psi * 2 // 4
+    # fp32 gradients under bf16 parameters: the reductions carry 4 bytes, the gathers 2
+    assert zero_comm_bytes(psi, n, 1, fp32_grads=True) == (4 + 2) * 3 * psi // 4
+    with pytest.raises(ValueError, match="accumulate=0"):
+        zero_comm_bytes(psi, n, 2, accumulate=0)
+
+
+def test_family_table():
+    from pipelib.data_parallel.zero_family import root_unsharded_bytes, zero_family
+
+    rows = {r.name.split(" (")[0]: r for r in zero_family(64, 8)}
+    for stage, name in enumerate(("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP")):
+        assert rows[name].gpu == zero_state_bytes(64 * 1000, 64, stage).total / (64 * 1000)
+    # ZeRO++: cross-node volume 3 M -> 0.75 M (M = the 16-bit model, 2 bytes per parameter)
+    assert rows["ZeRO-3 / FSDP"].cross_node == 3 * 2 and rows["ZeRO++"].cross_node == 0.75 * 2
+    assert rows["FSDP reshard_after_forward=False"].sent == 2 / 3 * rows["ZeRO-3 / FSDP"].sent
+    # HSDP over one node of 8: an eighth of the states, only the gradient shard's all-reduce crosses nodes
+    assert rows["HSDP"].gpu == 2 and rows["HSDP"].cross_node == 4 / 8
+    one_group = {r.name.split(" (")[0]: r for r in zero_family(8, 8)}
+    assert one_group["HSDP"].sent == one_group["ZeRO-3 / FSDP"].sent and one_group["HSDP"].cross_node == 0
+    assert root_unsharded_bytes(128_000, 8192) == 2_097_152_000  # about 2 GB in bf16
+    with pytest.raises(ValueError, match="multiple of node_size=8"):
+        zero_family(12, 8)
