@@ -8,6 +8,7 @@
   with raw collectives of torch.distributed: a check, kept off the trace and the clock;
   `reduced_gradients()`: the same after the stage's own reduction, as the optimizer reads them
   (so a bf16 reduction's rounding shows; stages 0-1's `full_gradients` average in fp32).
+- `clip_grad_norm_()`: global-norm clipping with sharded gradients (one all-reduce of a scalar);
 - `state_dict()` / `load_state_dict()`: this rank's shard of every unit (the fp32 master weights
   in mixed precision) and its optimizer's `state_dict()`: what a sharded checkpoint saves per rank.
 
@@ -86,6 +87,26 @@ class ZeROShards:
         parts = [torch.empty_like(piece) for _ in range(self.n)]
         dist.all_gather(parts, piece.contiguous(), group=self.group)
         return u.unflatten(torch.cat(parts))
+
+    def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6) -> float:
+        """Global-norm clipping of sharded gradients (torch.nn.utils.clip_grad_norm_'s rule):
+        each rank sums the squares of its shard of the averaged gradients, one all-reduce of
+        that single fp32 number (4 bytes of payload) gives the whole model's norm on every rank
+        (stage 0 holds everything: no message), and every shard is scaled by max_norm / (norm +
+        eps) when that is below 1. Call after backward, before `step`; returns the norm."""
+        from pipelib.comm import collectives as C
+
+        self.reduce_gradients()
+        grads = [u.master.grad for u in self.units]
+        sq = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum().reshape(1)
+        if self.stage >= 1 and self.n > 1:
+            sq = C.all_reduce(sq, group=self.group, label="grad norm")
+        norm = float(sq.sqrt())
+        coef = max_norm / (norm + eps)
+        if coef < 1:
+            for g in grads:
+                g.mul_(coef)
+        return norm
 
     # ------------------------------------------------------------------ checkpoint of this rank
     def state_dict(self) -> dict:

@@ -224,3 +224,36 @@ def test_bench_contestants_race_in_turn_smoke(cluster4):
     out = cluster4.run(zero_bench_times, ("zero3", "fsdp2", "zero0"), 2)
     assert psi > 0 and all(o == out[0] for o in out)  # every rank holds the slowest rank's times
     assert sorted(out[0]) == ["fsdp2", "zero0", "zero3"] and all(len(v) == 2 for v in out[0].values())
+
+
+def _clipped_sgd_step(stage, group=None):
+    import torch.distributed as dist
+
+    from pipelib.data_parallel.zero import ZeRO
+    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+
+    zero = ZeRO(zero_model(ODD), group, stage=stage, optimizer=torch.optim.SGD, lr=0.5)
+    x, y = next(zero_batches(ODD, 1, 8, dist.get_world_size(), dist.get_rank()))
+    zero_loss(zero, x, y).backward()
+    norm = zero.clip_grad_norm_(0.1)
+    zero.step()
+    return norm, zero.full_parameters()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_global_norm_clipping_of_sharded_gradients_equals_torch(cluster4, stage):
+    """torch.nn.utils.clip_grad_norm_ on one process, the whole batch, then SGD: the same norm
+    and the same parameters as ZeRO clipping its shards with one all-reduce of a scalar."""
+    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+
+    model = zero_model(ODD)
+    x, y = next(zero_batches(ODD, 1, 8))
+    zero_loss(model, x, y).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1).item()
+    assert norm > 0.1  # the clip must act for the test to mean something
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    for got_norm, params in cluster4.run(_clipped_sgd_step, stage):
+        assert got_norm == pytest.approx(norm, rel=1e-5)
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(params[k], p.detach(), **TOL)
