@@ -120,6 +120,38 @@ def cp_train(config: GPTConfig, batch: int, seq_len: int, steps: int = 3, *, gro
                       stats={"tokens_per_rank": batch * seq_len // n, "positions": pos})
 
 
+def cp_first_loss(config: GPTConfig, batch: int, seq_len: int, *, group=None, layout: str = "zigzag",
+                  global_positions: bool = True, seed: int = 0, dtype=torch.float64) -> float | None:
+    """The global loss of `cp_train`'s first batch before any step (all-reduced); with
+    `global_positions=False` each shard is embedded at 0..c-1, the mistake the positions
+    argument exists to avoid. None on a rank outside the group."""
+    if dist.get_rank(group) < 0:
+        return None
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    idx, targets, pos = shard_batch(*token_batch(config, batch, seq_len, seed), n, me, layout)
+    with torch.no_grad():
+        part = cp_loss(GPT(config, seed=seed).to(dtype), idx, targets, pos if global_positions else None,
+                       batch * seq_len, group, layout).reshape(1)
+    all_reduce(part, "sum", group, label="cp loss all-reduce")
+    return part.item()
+
+
+def check_training(results, reference: StepResult, atol: float = 1e-10) -> float:
+    """Assert every rank's losses, last gradients and final parameters equal the single
+    process's (`reference_train`) within `atol`; returns the largest |difference|."""
+    worst = 0.0
+    for r in (r for r in results if r is not None):
+        worst = max([worst] + [abs(a - b) for a, b in zip(r.losses, reference.losses, strict=True)])
+        for what in ("grads", "params"):
+            got, want = getattr(r, what), getattr(reference, what)
+            if got.keys() != want.keys():
+                raise AssertionError(f"{what}: names differ: {sorted(set(got) ^ set(want))}")
+            worst = max([worst] + [(got[k] - want[k]).abs().max().item() for k in want])
+    if worst > atol:
+        raise AssertionError(f"context-parallel training differs from one process by {worst:.3e} > {atol:g}")
+    return worst
+
+
 def reference_train(config: GPTConfig, batch: int, seq_len: int, steps: int = 3, *, lr: float = 1e-2,
                     seed: int = 0, dtype=torch.float64) -> StepResult:
     """One process, the whole sequence, the same model, data and optimizer as `cp_train`."""

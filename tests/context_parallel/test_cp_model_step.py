@@ -51,29 +51,24 @@ def test_cp_gpt_training_equals_one_process(cluster4, ranks):
         assert sorted(pos.tolist()) == list(range(S))          # every global position, once
 
 
-def _local_positions(layout):
-    """The same forward with each shard embedded at 0..c-1 instead of its global positions."""
-    from pipelib.context_parallel.model_step import cp_loss, shard_batch, token_batch
-    from pipelib.model import GPT
+def _first(layout, global_positions):
+    from pipelib.context_parallel.model_step import cp_first_loss
 
-    n, me = dist.get_world_size(), dist.get_rank()
-    model = GPT(CFG).double()
-    idx, targets, pos = shard_batch(*token_batch(CFG, B, S), n, me, layout)
-    loss = {}
-    for name, p in (("global", pos), ("local", None)):
-        part = cp_loss(model, idx, targets, p, B * S, None, layout).detach().reshape(1)
-        dist.all_reduce(part)
-        loss[name] = part.item()
-    return loss
+    return cp_first_loss(CFG, B, S, layout=layout, global_positions=global_positions)
 
 
 @pytest.mark.cluster
 def test_global_positions_matter(cluster4):
+    from pipelib.context_parallel.model_step import check_training, cp_train
+
     want = reference_train(CFG, B, S, 1).losses[0]
     for layout in ("zigzag", "striped", "contiguous"):
-        loss = cluster4.run(_local_positions, layout)[0]
-        assert loss["global"] == pytest.approx(want, abs=1e-12)
-        assert abs(loss["local"] - want) > 1e-6, layout         # wrong positions: another model
+        assert cluster4.run(_first, layout, True)[0] == pytest.approx(want, abs=1e-12)
+        assert abs(cluster4.run(_first, layout, False)[0] - want) > 1e-6, layout   # shard at 0..c-1: wrong
+    res = cluster4.run(cp_train, CFG, B, S, 2)
+    assert check_training(res, reference_train(CFG, B, S, 2)) < 1e-10
+    with pytest.raises(AssertionError, match="differs from one process"):
+        check_training(res, reference_train(CFG, B, S, 2, lr=2e-2))      # the check can fail
 
 
 # ----------------------------------------------------------------------------- plain torch.distributed
