@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -35,8 +34,7 @@ import psutil
 from pipelib.runtime import engine, rendezvous, watchdog
 from pipelib.runtime.args import DEFAULT_TIMEOUT, validate_args
 from pipelib.runtime.beacon import Activity
-from pipelib.runtime.errors import (ClusterError, RankDiedError, RankError, RankTimeoutError, died_message,
-                                    raised_message, stuck_message)
+from pipelib.runtime.errors import ClusterError
 from pipelib.runtime.progress import StartupProgress
 from pipelib.runtime.registry import LiveClusters
 from pipelib.trace import Trace
@@ -196,10 +194,7 @@ class Cluster:
     # ---------------------------------------------------------------- running code
     def run(self, fn, *args, timeout: float | None = None, **kwargs) -> list:
         """Call fn(*args, **kwargs) on every rank at once; return one result per rank."""
-        self._check_usable()
-        name = getattr(fn, "__qualname__", repr(fn))
-        ars = [self.client[eid].apply_async(engine._run_on_rank, fn, args, kwargs) for eid in self._eids]
-        return self._gather(ars, name, self.timeout if timeout is None else timeout)
+        return self.run_on(range(self.world_size), fn, *args, timeout=timeout, **kwargs)
 
     def run_on(self, ranks, fn, *args, timeout: float | None = None, **kwargs) -> list:
         """Call fn on some ranks only; one result per listed rank."""
@@ -220,6 +215,11 @@ class Cluster:
     def reset(self) -> None:
         """Clocks to zero and empty traces on every rank, before a measurement."""
         self.run(engine._reset_device)
+
+    def measured(self, fn, *args, timeout: float | None = None, **kwargs) -> tuple[list, Trace]:
+        """`reset()`, `run(fn, ...)`, `trace()`: (one result per rank, every event of the run)."""
+        self.reset()
+        return self.run(fn, *args, timeout=timeout, **kwargs), self.trace()
 
     # ---------------------------------------------------------------- faults
     def _activity_path(self, rank: int) -> str:
@@ -248,53 +248,8 @@ class Cluster:
         if self._broken:
             raise ClusterError(f"the cluster is unusable after: {self._broken}\nCall cluster.restart().")
 
-    def _interrupt(self, ranks) -> None:
-        for r in ranks:
-            try:
-                os.kill(self.info[r]["pid"], signal.SIGINT)
-            except (OSError, TypeError, IndexError, KeyError):
-                pass
+    def _gather(self, ars, name, timeout, ranks=None):
+        """Wait for one AsyncResult per rank (`pipelib.runtime.gather`)."""
+        from pipelib.runtime.gather import gather
 
-    def _gather(self, ars, name, timeout, ranks=None, grace=2.0):
-        """Wait for one AsyncResult per rank, turning deaths, errors and stalls into errors."""
-        from ipyparallel.error import EngineError, RemoteError
-
-        ranks = list(range(self.world_size)) if ranks is None else ranks
-        results, errors, pending = {}, {}, dict(zip(ranks, ars))
-        deadline, first_error = time.monotonic() + timeout, None
-        while pending:
-            for r, ar in list(pending.items()):
-                if ar.ready():
-                    del pending[r]
-                    try:
-                        results[r] = ar.get()
-                    except EngineError:
-                        errors[r] = "died"
-                    except RemoteError as e:
-                        errors[r] = e
-            dead = [r for r in ranks if (errors.get(r) == "died") or (r in pending and not self._alive(r))]
-            if dead:
-                self._broken = f"rank(s) {dead} died while running {name}"
-                raise RankDiedError(died_message(dead, name, self.activities(), errors), dead)
-            now = time.monotonic()
-            if errors and first_error is None:
-                first_error = now
-            stalled = first_error is not None and now - first_error > grace
-            if pending and (stalled or now > deadline):
-                self._fail_pending(pending, name, timeout, errors)
-            if pending:
-                self.client.wait(list(pending.values()), timeout=0.05)
-        if errors:
-            raise RankError(raised_message(errors, name), errors)
-        return [results[r] for r in ranks]
-
-    def _fail_pending(self, pending, name, timeout, errors):
-        acts = self.activities()
-        stuck = sorted(pending)
-        self._interrupt(stuck)
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end and any(not ar.ready() for ar in pending.values()):
-            self.client.wait(list(pending.values()), timeout=0.1)
-        if any(not ar.ready() for ar in pending.values()):
-            self._broken = f"rank(s) {stuck} stuck in {name}"
-        raise RankTimeoutError(stuck_message(stuck, name, timeout, acts, errors, bool(self._broken)), stuck)
+        return gather(self, ars, name, timeout, ranks)

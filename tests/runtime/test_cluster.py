@@ -130,18 +130,15 @@ def _traced_step():
 
 
 def test_virtual_clock_gives_identical_timelines_even_under_load(cluster4):
-    cluster4.reset()
-    cluster4.run(_traced_step)
-    first = cluster4.trace()
+    ends, first = cluster4.measured(_traced_step)  # reset, run, trace
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        cluster4.reset()
-        cluster4.run(_traced_step)
-        second = cluster4.trace()
+        again, second = cluster4.measured(_traced_step)
     finally:
         burner.kill()
         burner.wait()
     assert first == second and len(first) > 0
+    assert ends == again and all(e.end <= ends[e.rank] for e in first)  # every clock from 0 again
     recv = [e for e in first if e.rank == 1 and e.kind.value == "recv-wait"][0]
     transfer = [e for e in first if e.rank == 1 and e.kind.value == "transfer"][0]
     prof = __import__("pipelib.costmodel", fromlist=["x"]).PROFILES["toy-gpu"]

@@ -111,3 +111,17 @@ def test_a_lane_times_its_block_on_its_own_clock_and_gives_the_compute_clock_bac
         with dev.lane(VirtualClock(0.0)):
             raise RuntimeError("a ring step failed")
     assert dev.clock is compute
+
+
+def test_off_the_record_runs_the_block_but_leaves_no_event_bytes_or_virtual_time():
+    dev = Device(0, 1)
+    with dev.compute("kept", duration=0.5):
+        pass
+    counts, t = dict(dev.counters()), dev.now()
+    with dev.off_record():
+        with dev.compute("handshake", duration=2.0):
+            x = torch.ones(3) * 2  # the block really runs
+        dev.counters()["bytes_sent"] += 64
+    assert x.sum().item() == 6.0
+    assert dev.now() == t and dev.counters() == counts and dev.tracer.enabled
+    assert [e.label for e in dev.tracer.take()] == ["kept"]

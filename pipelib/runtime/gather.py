@@ -1,0 +1,70 @@
+"""Waiting for the ranks of one `Cluster.run`: deaths, errors and stalls become errors.
+
+Every rank's AsyncResult is polled; a rank whose process died raises `RankDiedError` at once,
+one that raised `RankError` (after a short grace, so its peers' errors are gathered too), and
+one that passes the timeout is interrupted and raises `RankTimeoutError` naming what it was
+doing (its activity beacon). Introduced in chapter 04.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from pipelib.runtime.errors import (RankDiedError, RankError, RankTimeoutError, died_message, raised_message,
+                                    stuck_message)
+
+
+def _interrupt(cluster, ranks) -> None:
+    for r in ranks:
+        try:
+            os.kill(cluster.info[r]["pid"], signal.SIGINT)
+        except (OSError, TypeError, IndexError, KeyError):
+            pass
+
+
+def gather(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
+    """Wait for one AsyncResult per rank of `cluster` (all, or `ranks`), turning deaths, errors
+    and stalls into errors; one result per rank."""
+    from ipyparallel.error import EngineError, RemoteError
+
+    ranks = list(range(cluster.world_size)) if ranks is None else ranks
+    results, errors, pending = {}, {}, dict(zip(ranks, ars))
+    deadline, first_error = time.monotonic() + timeout, None
+    while pending:
+        for r, ar in list(pending.items()):
+            if ar.ready():
+                del pending[r]
+                try:
+                    results[r] = ar.get()
+                except EngineError:
+                    errors[r] = "died"
+                except RemoteError as e:
+                    errors[r] = e
+        dead = [r for r in ranks if (errors.get(r) == "died") or (r in pending and not cluster._alive(r))]
+        if dead:
+            cluster._broken = f"rank(s) {dead} died while running {name}"
+            raise RankDiedError(died_message(dead, name, cluster.activities(), errors), dead)
+        now = time.monotonic()
+        if errors and first_error is None:
+            first_error = now
+        stalled = first_error is not None and now - first_error > grace
+        if pending and (stalled or now > deadline):
+            _fail_pending(cluster, pending, name, timeout, errors)
+        if pending:
+            cluster.client.wait(list(pending.values()), timeout=0.05)
+    if errors:
+        raise RankError(raised_message(errors, name), errors)
+    return [results[r] for r in ranks]
+
+
+def _fail_pending(cluster, pending, name, timeout, errors):
+    acts = cluster.activities()
+    stuck = sorted(pending)
+    _interrupt(cluster, stuck)
+    end = time.monotonic() + 2.0
+    while time.monotonic() < end and any(not ar.ready() for ar in pending.values()):
+        cluster.client.wait(list(pending.values()), timeout=0.1)
+    if any(not ar.ready() for ar in pending.values()):
+        cluster._broken = f"rank(s) {stuck} stuck in {name}"
+    raise RankTimeoutError(stuck_message(stuck, name, timeout, acts, errors, bool(cluster._broken)), stuck)
