@@ -6,6 +6,9 @@ outside to the unaware model (chapter 09).
   group and backend (pipelib's traced ring collectives or torch's built-ins);
 - `layers`: `ColumnParallelLinear`, `RowParallelLinear`, the parallel MLP and attention with
   the heads split;
+- `overlap`: `TPLanes`, one rank's compute and communication lanes (chapter 07's `Device.lane`),
+  and the column-parallel linear whose backward collective of dX runs while the weight
+  gradient computes (Korthikanti et al. §6.2); a timed step charges FLOPs between collectives;
 - `vocab`: the vocabulary-parallel embedding, the tied head, the cross-entropy that never
   gathers the logits, and the position shard of sequence parallelism;
 - `styles`: pure: one `ParallelStyle` object per style (`ColwiseParallel`, `RowwiseParallel`,
@@ -20,7 +23,7 @@ outside to the unaware model (chapter 09).
   (`ColwiseParallel`, `RowwiseParallel`, `SequenceParallel`, `loss_parallel`) beside pipelib's,
   and the timed steps of the bench;
 - `formulas`: pure: bytes per all-reduce 2 b s h (t-1)/t, per layer and per step, seed 003's
-  milestone (`tp_milestone`), activation memory with and without sequence parallelism
+  milestone (`tp_milestone`), the time the backward overlap hides (`tp_overlap_hidden`), activation memory with and without sequence parallelism
   (Korthikanti's, and pipelib's block op by op).
 
 Chapter 09. Runtime layer except `plan` and `formulas` (pure). Import each name from its module
