@@ -10,10 +10,14 @@ and an all-to-all sending (n-1)/n of its input, bytes sent per rank:
     forward  (n-1)/n (3N + N)   (Q, K, V in; output back)
     backward (n-1)/n (N + 3N)   (dO in; dQ, dK, dV back)
 
-Traffic per rank *falls* as n grows (the ring's grows), but n may not exceed the head count
-(H % n == 0 here), and an all-to-all crosses every link at once: good inside a node, harder
-across nodes. A rank holds the same numel as its shard, laid out differently (the whole
-sequence, H / n heads), and attends it piece by piece like the ring (score blocks of H / n heads).
+At a fixed sequence length S (N = B H (S/n) D itemsize shrinks as 1/n) traffic per rank
+*falls* as n grows, Jacobs et al.'s claim, where the ring's (6n-4)N = (6 - 4/n) B H S D i
+grows towards 6 B H S D i; at a fixed shard length c it rises towards 8N (the ring's grows
+without bound). n may not exceed the head count (H % n == 0 here: pipelib's choice; DeepSpeed
+also splits uneven heads, its PR #6392), and an all-to-all crosses every link at once: good
+inside a node, harder across nodes. A rank holds the same numel as its shard, laid out
+differently (the whole sequence, H / n heads), and attends it piece by piece like the ring
+(score blocks of H / n heads).
 
 Introduced in chapter 17.
 """
