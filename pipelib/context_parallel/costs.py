@@ -7,6 +7,9 @@ N = B H c D i (one shard of one tensor), bytes sent per rank by one forward and 
     all-gather forward (n-1) 2N          backward (n-1) 2N      (gather K/V; reduce-scatter dK/dV)
     Ulysses    forward (n-1)/n 4N        backward (n-1)/n 4N    (Q, K, V in and O out; reversed)
 
+The ring's backward is at input width; for 16-bit inputs its dK/dV travel in fp32, (n-1) 2N + n 4N
+(`grad_width`). With grouped-query attention (`kv_heads`) the ring's N counts H_kv heads.
+
 Overlap: a ring step computes c^2 visible pairs (non-causal; about c^2 / 2 per step under
 causal zigzag) at 4 B H D FLOPs each, while one K/V block of 2N bytes crosses the link. The
 transfer hides behind compute when 4 B H D c^2 / F >= alpha + 2 B H c D i / beta; ignoring
