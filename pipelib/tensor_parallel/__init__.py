@@ -23,8 +23,9 @@ outside to the unaware model (chapter 09).
   (`ColwiseParallel`, `RowwiseParallel`, `SequenceParallel`, `loss_parallel`) beside pipelib's,
   and the timed steps of the bench;
 - `formulas`: pure: bytes per all-reduce 2 b s h (t-1)/t, per layer and per step, seed 003's
-  milestone (`tp_milestone`), the time the backward overlap hides (`tp_overlap_hidden`), activation memory with and without sequence parallelism
-  (Korthikanti's, and pipelib's block op by op).
+  milestone (`tp_milestone`), the time the backward overlap hides (`tp_overlap_hidden`),
+  activation memory with and without sequence parallelism (Korthikanti's, and pipelib's block
+  op by op).
 
 Chapter 09. Runtime layer except `plan` and `formulas` (pure). Import each name from its module
 (`from pipelib.tensor_parallel.layers import ColumnParallelLinear`); importing the package
