@@ -1,0 +1,101 @@
+"""`evaluate` one layout, `search` every layout: the strategy planner's answers.
+
+    best = search(GPT3_175B, machine, 1024, 1536)[:5]           # feasible, fastest first
+    print(explain(best[0]))
+
+A `Candidate` holds the layout, bytes per rank itemised (`planner.memory`), exposed seconds per
+step itemised (`planner.timing`), MFU (the model's FLOPs per second over the devices' dense
+peak, `ModelSpec.model_flops_per_token`), tokens per second, and whether it fits, with why
+not in words. Pure: thousands of layouts a second. Introduced in chapter 15.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from pipelib.planner.layout import ORDER, RECOMPUTE, Layout, check_layout
+from pipelib.planner.memory import memory
+from pipelib.planner.spec import Machine, ModelSpec
+from pipelib.planner.timing import step_time
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A layout evaluated: bytes per rank and exposed seconds per step, itemised."""
+
+    layout: Layout
+    memory: dict = field(default_factory=dict)
+    time: dict = field(default_factory=dict)
+    step_time: float = 0.0
+    mfu: float = 0.0
+    tokens_per_s: float = 0.0
+    feasible: bool = True
+    why: str = ""
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(sum(self.memory.values()))
+
+
+def mfu(model: ModelSpec, machine: Machine, tokens_per_s: float, n_devices: int) -> float:
+    """Model FLOPs utilisation: the model's FLOPs per second (6 N + 12 L s h per token, no
+    recomputation) over the devices' dense peak (`machine.device.flops`, not the efficiency)."""
+    return model.model_flops_per_token() * tokens_per_s / (n_devices * machine.device.flops)
+
+
+def evaluate(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, layout: Layout) -> Candidate:
+    """One layout's memory, step time, MFU and throughput; ValueError if it cannot run at all
+    (`check_layout`), `feasible=False` with the overflow itemised if it does not fit."""
+    m = check_layout(model, n_devices, global_batch, layout)
+    mem, time = memory(model, layout, m), step_time(model, machine, layout, m)
+    total = sum(time.values())
+    tokens = global_batch * model.seq_len / total
+    need, have = sum(mem.values()), machine.device.memory
+    why = "" if need <= have else (f"needs {need / 2**30:.1f} GiB per device, has {have / 2**30:.1f}: "
+                                   + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in mem.items() if v))
+    return Candidate(layout, mem, time, total, mfu(model, machine, tokens, n_devices), tokens, not why, why)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, *,
+            micro_batches=(1, 2, 4, 8), cp=(1,), order=ORDER):
+    """Every layout `check_layout` accepts: tp within a node, pp dividing the layers, each ZeRO
+    stage, recomputation policy and schedule, microbatch size."""
+    for tp in _divisors(machine.gpus_per_node):
+        for c in cp:
+            for pp in _divisors(model.n_layer):
+                if n_devices % (tp * pp * c):
+                    continue
+                dp = n_devices // (tp * pp * c)
+                schedules = [("1f1b", 1), ("interleaved_1f1b", 2)] if pp > 1 else [("1f1b", 1)]
+                zeros = (0, 1) if pp > 1 else (0, 1, 2, 3)
+                for (sched, v), zero, rc, b in itertools.product(schedules, zeros, RECOMPUTE, micro_batches):
+                    lay = Layout(dp=dp, tp=tp, pp=pp, cp=c, zero=zero, recompute=rc, micro_batch=b,
+                                 schedule=sched, virtual=v, order=order)
+                    try:
+                        check_layout(model, n_devices, global_batch, lay)
+                    except ValueError:
+                        continue
+                    yield lay
+
+
+def search(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, **kw) -> list[Candidate]:
+    """Every feasible layout, fastest first (ties: less memory first)."""
+    found = (evaluate(model, machine, n_devices, global_batch, lay)
+             for lay in layouts(model, machine, n_devices, global_batch, **kw))
+    return sorted((c for c in found if c.feasible), key=lambda c: (c.step_time, c.memory_bytes))
+
+
+def explain(c: Candidate) -> str:
+    """A candidate in three lines: the layout, its memory, its time."""
+    lay = c.layout
+    head = (f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}, ZeRO-{lay.zero}, recompute {lay.recompute}, "
+            f"b={lay.micro_batch}, {lay.schedule}" + (f" v={lay.virtual}" if lay.virtual > 1 else ""))
+    mem = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in c.memory.items() if v)
+    time = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in c.time.items() if v)
+    return (f"{head}\n  memory GiB per device: {mem} (total {c.memory_bytes / 2**30:.1f})\n"
+            f"  step ms: {time} (total {c.step_time * 1e3:.0f}); MFU {c.mfu:.1%}, {c.tokens_per_s:,.0f} tokens/s"
+            + ("" if c.feasible else f"\n  does not fit: {c.why}"))
