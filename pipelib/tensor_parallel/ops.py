@@ -51,6 +51,11 @@ class TPComm:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}; use one of {BACKENDS}")
+        if self.overlap and self.lanes is None:  # the lanes of this process's device
+            from pipelib.runtime.device import current
+            from pipelib.tensor_parallel.overlap import TPLanes
+
+            object.__setattr__(self, "lanes", TPLanes(current()))
 
     def lap(self) -> None:
         """Charge the compute since the last collective to the clock (while `lanes` is timing)."""
