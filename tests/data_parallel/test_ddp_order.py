@@ -63,81 +63,37 @@ def test_division_before_the_sum_avoids_fp16_overflow():
 
 
 # ---------------------------------------------------------------- on the ranks
-def _scrambled(mode):
-    """Three Linear layers registered in the reverse of their use, so backward fills the
-    buckets in the reverse of their index; or a fourth layer never used."""
-    import torch.distributed as dist
-
-    from pipelib.data_parallel.ddp import DDP
-    from pipelib.runtime.device import current
-    from pipelib.trace import Kind
-
-    class Net(torch.nn.Module):
-        def __init__(self, unused=False):
-            super().__init__()
-            self.c, self.b, self.a = (torch.nn.Linear(8, 8) for _ in range(3))  # used a, b, c
-            self.spare = torch.nn.Linear(8, 8) if unused else None
-
-        def forward(self, x):
-            return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
-
-    torch.manual_seed(0)
-    net = Net(unused=mode != "order")
-    ref = Net(unused=mode != "order")
-    ref.load_state_dict(net.state_dict())
-    ddp = DDP(net, None, bucket_bytes=256, rebuild_buckets=mode == "order",
-              find_unused_parameters=mode == "find_unused")
-    n, r = dist.get_world_size(), dist.get_rank()
-    out, tr = [], current().tracer
-    try:
-        for step in range(2):
-            x = torch.randn(4 * n, 8, generator=torch.Generator().manual_seed(step))
-            tr.clear()
-            ddp.backward(ddp(x[4 * r:4 * r + 4]).pow(2).mean())
-            names = [b.names for b in ddp.buckets]
-            ready, launched = list(ddp.ready_order), list(ddp.launch_order)
-            ddp.finish_gradients()
-            evs = tr.take()
-            b_end = max(e.end for e in evs if e.kind == Kind.COMPUTE and e.label == "B")
-            starts = sorted(e.start for e in evs if e.kind == Kind.COLLECTIVE)
-            ref.zero_grad()
-            ref(x).pow(2).mean().backward()
-            worst = max((p.grad - q.grad).abs().max().item() for p, q in zip(ref.parameters(), net.parameters())
-                        if p.grad is not None)
-            unused_zero = all(p.grad is None or not p.grad.any() for p in (net.spare.parameters() if net.spare else ()))
-            out.append(dict(names=names, ready=ready, launched=launched, worst=worst, unused_zero=unused_zero,
-                            first_start_in_backward=starts[0] < b_end))
-            for p in net.parameters():
-                p.grad = None if p.grad is None else p.grad.zero_()
-    finally:
-        ddp.close()
-    return out
+# pipelib.data_parallel.ddp_order: a net whose layers are registered c, b, a and used a, b, c
 
 
 @pytest.mark.cluster
 def test_index_order_launch_and_rebuild(cluster4):
-    res = cluster4.run(_scrambled, "order")
-    for steps in res:
-        first, second = steps
+    from pipelib.data_parallel.ddp_order import ddp_orders
+
+    for first, second in cluster4.run(ddp_orders, 2, rebuild_buckets=True):
         # step 1: registration order is the reverse of use, so the buckets fill 2, 1, 0;
         # they start in index order, 0, 1, 2, all after the last one is ready
-        assert first["names"] == [("a.bias", "a.weight"), ("b.bias", "b.weight"), ("c.bias", "c.weight")]
+        assert first["buckets"] == [("a.bias", "a.weight"), ("b.bias", "b.weight"), ("c.bias", "c.weight")]
         assert first["ready"] == [2, 1, 0] and first["launched"] == [0, 1, 2]
-        assert not first["first_start_in_backward"]
+        assert not first["started_in_backward"]
         # rebuilt from the order the gradients came: c first, and the first all-reduce starts inside backward
-        assert second["names"][0][0].startswith("c.") and second["names"][-1][-1].startswith("a.")
+        assert second["buckets"][0][0].startswith("c.") and second["buckets"][-1][-1].startswith("a.")
         assert second["ready"] == second["launched"] == [0, 1, 2]
-        assert second["first_start_in_backward"]
+        assert second["started_in_backward"] and second["waited"] < first["waited"]
         assert max(first["worst"], second["worst"]) < 1e-6   # one process on the whole batch, both steps
+    for first, second in cluster4.run(ddp_orders, 2):        # without rebuild: the same as step 1, twice
+        assert first["launched"] == second["launched"] == [0, 1, 2] and second["ready"] == [2, 1, 0]
 
 
 @pytest.mark.cluster
 def test_unused_parameter_is_an_error_unless_asked(cluster4):
+    from pipelib.data_parallel.ddp_order import ddp_orders
+
     with pytest.raises(RankError) as e:
-        cluster4.run(_scrambled, "unused")
+        cluster4.run(ddp_orders, 1, unused=True)
     msg = str(e.value)
     assert "'spare.weight'" in msg and "'spare.bias'" in msg and "find_unused_parameters=True" in msg
-    for steps in cluster4.run(_scrambled, "find_unused"):
+    for steps in cluster4.run(ddp_orders, 2, unused=True, find_unused_parameters=True):
         for s in steps:
-            assert s["worst"] < 1e-6 and s["unused_zero"]
-            assert s["launched"] == sorted(s["launched"]) == list(range(len(s["names"])))
+            assert s["worst"] < 1e-6 and s["ready"][0] == 0     # the unused layer's bucket: ready at once
+            assert s["launched"] == list(range(len(s["buckets"])))
