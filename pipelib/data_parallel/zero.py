@@ -174,6 +174,7 @@ class ZeRO(ZeROGather, ZeROMemory, ZeROShards):
         """Stages 2-3: reduce-scatter one unit's gradients (in `grad_dtype`: fp32 upcasts them
         first) into this rank's shard, drop them, and (stage 3) free the unit."""
         self._lap()
+        self._link_free()
         flat = u.flat_grads(self.grad_dtype)
         self._comm(flat.numel() * flat.element_size())
         self._account("gradients", -sum(p.grad.numel() * p.grad.element_size()

@@ -16,8 +16,10 @@ held beside the current one: the working set is two units, not one.
 On a simulated device with the virtual clock the prefetched all-gather runs on a second lane
 (`Device.lane`, chapter 07's communication stream): it starts at max(lane free, now), its ring
 messages are timed on that lane, and the compute clock waits for its end only where the unit is
-used (a RECV_WAIT event, "wait all-gather", where it sits idle). On a real device the prefetch
-is the same all-gather issued early, on the compute thread (nothing overlaps there).
+used (a RECV_WAIT event, "wait all-gather", where it sits idle); a collective of the compute lane
+(a reduce-scatter) waits for the lane's gather in flight, since both would share one link. On
+a real device the prefetch is the same all-gather issued early, on the compute thread (nothing
+overlaps there).
 
 `PassTimer` times a forward or a backward in laps, as chapter 07's `BackwardTimer`: each hook
 first charges the compute done since the last lap (the roofline time of the FLOPs counted,
@@ -123,6 +125,7 @@ class ZeROGather:
                 full = C.all_gather(u.mine, group=self.group, label=label)
             self._lane_free = self._ready_at[id(u)] = lane.now()
         else:
+            self._link_free()
             full = C.all_gather(u.mine, group=self.group, label=label)
         u.restore(full)
         self._comm(-u.nbytes)
@@ -136,6 +139,14 @@ class ZeROGather:
         self.dev.clock.wait_until(end)
         if self.dev.clock.now() > start:
             self.dev.tracer.record(Kind.RECV_WAIT, "wait all-gather", start, self.dev.clock.now())
+
+    def _link_free(self) -> None:
+        """One link: a collective on the compute lane starts after the prefetch lane's gather in
+        flight (the simulated link has no contention model, so two lanes must not share it)."""
+        if self.prefetch and self._simulated and self._lane_free > self.dev.clock.now():
+            start = self.dev.clock.now()
+            self.dev.clock.wait_until(self._lane_free)
+            self.dev.tracer.record(Kind.RECV_WAIT, "wait link", start, self.dev.clock.now())
 
     def _free(self, u) -> None:
         self._ready_at.pop(id(u), None)
