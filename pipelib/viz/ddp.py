@@ -2,8 +2,9 @@
 
 The DDP step's own timeline is `pipelib.viz.timeline.timeline_figure` with COLLECTIVE events
 shown (``kinds=("compute", "collective", "recv-wait")``): the all-reduces are the thin bars on
-each rank's row, under the backward bars they overlap. Every figure here takes measured rows
-(and predictions from `pipelib.data_parallel.efficiency`), never numbers typed by hand.
+each rank's row, under the backward bars they overlap. Every figure here takes rows the cluster
+timed (simulated on the virtual clock, or measured on real devices) and predictions from
+`pipelib.data_parallel.efficiency`, never numbers typed by hand.
 
 Pure: plotly only, no torch.distributed, no runtime. Introduced in chapter 07.
 """
@@ -52,10 +53,11 @@ def bucket_sweep_figure(rows: list[dict], series: dict[str, str], title: str = "
 
 
 def efficiency_figure(measured: dict, predicted: dict, title: str = "Communication efficiency vs model size",
-                      bands: dict | None = None) -> go.Figure:
+                      bands: dict | None = None, timed: str = "simulated") -> go.Figure:
     """compute / (compute + comm) against parameters (log x): `measured` {name: (params,
-    efficiencies)} as markers, `predicted` {name: (params, efficiencies)} as lines of the same
-    colour (same names, in the same order), `bands` {label: (low, high)} shaded efficiency ranges."""
+    efficiencies)} as markers labelled `timed` (the virtual clock's: "simulated"), `predicted`
+    {name: (params, efficiencies)} as lines of the same colour (same names, in the same order),
+    `bands` {label: (low, high)} shaded efficiency ranges."""
     fig = go.Figure()
     for label, (lo, hi) in (bands or {}).items():
         fig.add_hrect(y0=lo, y1=hi, fillcolor="#cccccc", opacity=0.25, line_width=0, layer="below",
@@ -65,9 +67,9 @@ def efficiency_figure(measured: dict, predicted: dict, title: str = "Communicati
                                  line=dict(color=COLORS[i % len(COLORS)], dash="dash"),
                                  hovertemplate=f"{name} model<br>%{{x:.3s}} parameters: %{{y:.3f}}<extra></extra>"))
     for i, (name, (x, y)) in enumerate(measured.items()):
-        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"{name} (measured)", legendgroup=name,
+        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"{name} ({timed})", legendgroup=name,
                                  marker=dict(size=10, color=COLORS[i % len(COLORS)]),
-                                 hovertemplate=f"{name} measured<br>%{{x:.3s}} parameters: %{{y:.3f}}<extra></extra>"))
+                                 hovertemplate=f"{name} {timed}<br>%{{x:.3s}} parameters: %{{y:.3f}}<extra></extra>"))
     fig.update_xaxes(type="log", title_text="parameters")
     fig.update_yaxes(title_text="compute / (compute + comm)", range=[0, 1.02])
     fig.update_layout(title=title, height=420, **BASE)
