@@ -139,10 +139,12 @@ class Parallel:
         axis; the loss of this rank's rows where it is computed (the last stage), else None."""
         from pipelib.runtime.device import current
 
-        if self.stages is not None:
-            return self._pipeline_step(x, y)
         dev = current()
-        with dev.compute("F"):
+        if self.stages is not None:
+            loss = self._pipeline_step(x, y)
+            self._count_gradients(dev)
+            return loss
+        with dev.compute("F"), dev.memory.saved_activations():  # what autograd keeps, counted
             loss = self._loss(x, y)
         if self.reducers:
             self.reducers[0].backward(loss)
@@ -155,7 +157,13 @@ class Parallel:
             sync_sequence_grads(self.model)
         for r in self.reducers:
             r.finish_gradients()
+        self._count_gradients(dev)
         return loss.detach()
+
+    def _count_gradients(self, dev) -> None:
+        """The device's memory holds this rank's gradients (ZeRO counts its own shards)."""
+        if not any(hasattr(r, "optimizer_step") for r in self.reducers):
+            dev.memory.update_gradients(nn.ModuleList(self.modules))
 
     def _loss(self, x, y):
         if self.plan.tp > 1:

@@ -105,13 +105,15 @@ class Recipe:
         return (x.to(self.dtype) if x.is_floating_point() else x), y
 
     def batch(self, step: int, dp_rank: int = 0, dp_size: int = 1):
-        """Data-parallel rank `dp_rank`'s rows of step `step`'s global batch (x, y)."""
+        """Data-parallel rank `dp_rank`'s rows of step `step`'s global batch (x, y), copies of
+        their own: a rank holds its rows, not the whole batch a view would keep alive."""
         if self.batch_size % dp_size:
             raise ValueError(f"Recipe: batch_size={self.batch_size} does not split over dp={dp_size} "
                              f"ranks; use a multiple of {dp_size}")
         rows = self.batch_size // dp_size
         x, y = self.global_batch(step)
-        return x[dp_rank * rows:(dp_rank + 1) * rows], y[dp_rank * rows:(dp_rank + 1) * rows]
+        mine = slice(dp_rank * rows, (dp_rank + 1) * rows)
+        return x[mine].clone(), y[mine].clone()
 
     def loss(self, model, x, y):
         return loss_of(model, x, y)

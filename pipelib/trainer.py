@@ -9,8 +9,10 @@ rank's rows of each global batch (`Recipe.batch` at its dp coordinate), forward 
 with every reduction, one optimizer step over what this rank holds. Measurement has one owner:
 the run is one `Device.measure(fresh_memory=True)` scope (a new model counted from zero) and
 each step one `Device.measure()` inside it, so `StepResult.times` is each step's time on the
-device's clock, `bytes_sent` each step's payload bytes, and `peak_bytes` the run's peak. No
-strategy resets a counter or touches the tracker.
+device's clock, `bytes_sent` each step's payload bytes, and `peak_bytes` the run's peak: the
+parameters and buffers this rank holds, its gradients (kept between steps), the optimizer's
+state, and the activations autograd saves (ZeRO counts its own shards). No strategy resets a
+counter or touches the tracker.
 
 The reported loss of a step is the mean over the dp ranks of their rows' losses (a raw gloo
 all-reduce, off the trace), returned by one rank (dp = tp = 0, on the last pipeline stage).
@@ -55,6 +57,8 @@ def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
                         grads = par.unshard("grad")  # torch's own gathers: no modelled time, no events
                     with dev.compute("optimizer", nbytes=28 * numel):
                         opt.step()  # Adam reads p, g, m, v and writes p, m, v: 28 bytes per fp32 parameter
+                    if isinstance(opt, torch.optim.Optimizer):  # ZeRO's counts its own shards
+                        dev.memory.update_optimizer(opt)
                     opt.zero_grad(set_to_none=False)
                 times.append(m.time)
                 sent.append(m.bytes_sent)

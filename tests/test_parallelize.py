@@ -164,3 +164,19 @@ def test_zero_refuses_a_model_it_would_silently_train_in_another_precision(clust
         run(cluster4, RECIPE, Plan(dp=2, data_parallel="zero1"))  # RECIPE is fp64: refused in the notebook
     with pytest.raises(RankError, match="trainable parameters in torch.float64; its flat buffers"):
         cluster4.run(train_plan, RECIPE, Plan(dp=4, data_parallel="zero1"))  # and by ZeRO itself
+
+
+def test_the_trainers_peak_is_every_category_parameters_gradients_optimizer_activations(cluster4):
+    """From the second step on, a DDP rank holds its parameters, its gradients (kept between
+    steps), Adam's two moments and step counters, and at the end of its forward every tensor
+    autograd saved: the peak is their sum, as `pipelib.memory` counts each."""
+    from pipelib.memory import gpt_activation_bytes, optimizer_state_bytes
+
+    recipe = Recipe(GPT, batch_size=8, steps=2, lr=1e-2)  # fp32: the formula's LayerNorm statistics
+    results = run(cluster4, recipe, Plan(dp=4))
+    model = recipe.build()
+    n, tensors = sum(p.numel() for p in model.parameters()), len(list(model.parameters()))
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    states = 4 * n + 4 * n + optimizer_state_bytes(n, tensors, "adam", itemsize=4) + buffers
+    acts = gpt_activation_bytes(GPT, recipe.batch_size // 4, GPT.block_size, itemsize=4)
+    assert {r.peak_bytes for r in results} == {states + acts}
