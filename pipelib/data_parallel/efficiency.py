@@ -22,9 +22,11 @@ link byte (`DeviceProfile.flops_per_link_byte`); the model's size enters through
 (2(N-1) alpha per bucket, which small models cannot amortise) and the FLOPs that do not scale
 with psi (attention, the head). Gradient accumulation (`DDP.no_sync`) multiplies T.
 
-`ddp_step_model` predicts each part of a simulated step exactly as the cluster times it
-(`pipelib.data_parallel.runner`), so chapter 07 checks the prediction against the virtual
-clock and then uses the same formulas at sizes a laptop cannot run. `scaled_profile` gives a
+`ddp_step_model` predicts each part of a simulated step without overlap exactly as the cluster
+times it (`pipelib.data_parallel.runner`): the virtual clock runs the same formulas, so chapter
+07's check of one against the other is a check of the code, not of the physics; it then uses the
+formulas at sizes a laptop cannot run. Step 3's estimate is approximate (the cluster times each
+bucket's readiness from the FLOPs counted so far). `scaled_profile` gives a
 device whose step on B sequences lasts what the original's lasts on `factor` x B: a tiny model
 on a laptop, timed like a real batch on a real GPU (FLOPs scale with the batch exactly).
 
