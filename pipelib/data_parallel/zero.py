@@ -41,6 +41,11 @@ shards; stages 0-1 add each 16-bit gradient into an fp32 buffer as soon as autog
 (Megatron's `main_grad`). A sum of N bf16 gradients rounds to 8 significant bits at every hop
 of the ring; in fp32 it does not.
 
+`replicate_group`: HSDP (FSDP2 on a 2-D mesh, MiCS): `group` is the shard group, and each
+reduced gradient shard is then averaged over the replicas holding the same shard (rank r of
+every shard group), with one all-reduce; parameters and optimizer state are sharded over
+`group` only.
+
 Stage 3 options (`pipelib.data_parallel.zero_gather`): `prefetch=True` issues the next
 module's all-gather while the current one computes (forward and backward; on a simulated
 device on a second lane of the clock); `reshard_after_forward=False` keeps every gathered
@@ -73,7 +78,8 @@ class ZeRO(ZeROGather, ZeROMemory, ZeROShards):
 
     def __init__(self, model: torch.nn.Module, group=None, stage: int = 1, *, optimizer=None,
                  mixed_precision: bool = False, param_dtype=torch.bfloat16, reduce_dtype=None,
-                 prefetch: bool = False, reshard_after_forward: bool = True, units=None, check: bool = True,
+                 prefetch: bool = False, reshard_after_forward: bool = True, replicate_group=None,
+                 units=None, check: bool = True,
                  adamw: bool = False, **optimizer_kwargs):
         import torch.distributed as dist
 
@@ -100,8 +106,11 @@ class ZeRO(ZeROGather, ZeROMemory, ZeROShards):
         self.group, self.n, self.rank = group, dist.get_world_size(group), dist.get_rank(group)
         if self.rank < 0:
             raise ValueError(f"rank {dist.get_rank()}: ZeRO on a group this rank is not part of")
+        self.replicate = replicate_group
         if check:
             check_same_parameters(model, group)
+            if replicate_group is not None:
+                check_same_parameters(model, replicate_group)
         self.model, self.mixed = model, bool(mixed_precision)
         self.dev = current()
         self._start_accounting(model)  # the full parameters it replaces, if the device tracked them
@@ -181,12 +190,17 @@ class ZeRO(ZeROGather, ZeROMemory, ZeROShards):
                                         for _, p in u.params if p.grad is not None))
         for _, p in u.params:
             p.grad = None
-        u.gshard.add_(C.reduce_scatter(flat, op="avg", group=self.group))
+        u.gshard.add_(self._across_replicas(C.reduce_scatter(flat, op="avg", group=self.group)))
         self._comm(-flat.numel() * flat.element_size())
         u.pending = len(u.params)
         if self.stage == 3:
             self._free(u)
         self._resume()
+
+    def _across_replicas(self, t):
+        """HSDP: the group's averaged gradient (shard) averaged over the replicas too (FSDP2's
+        `(Replicate(), Shard(0))` mesh): an all-reduce of 2 (R-1)/R of the shard's bytes."""
+        return t if self.replicate is None else C.all_reduce(t, op="avg", group=self.replicate)
 
     # ------------------------------------------------------------------ the optimizer step
     def reduce_gradients(self) -> None:
@@ -201,9 +215,9 @@ class ZeRO(ZeROGather, ZeROMemory, ZeROShards):
             if self.stage >= 2 and u.pending != len(u.params):  # a parameter got no gradient
                 self._reduce_unit(u)
             if self.stage == 0:
-                grads.append(C.all_reduce(u.gflat, op="avg", group=self.group))
+                grads.append(self._across_replicas(C.all_reduce(u.gflat, op="avg", group=self.group)))
             elif self.stage == 1:  # the shard's averaged gradient: counted with the gradients
-                grads.append(C.reduce_scatter(u.gflat, op="avg", group=self.group))
+                grads.append(self._across_replicas(C.reduce_scatter(u.gflat, op="avg", group=self.group)))
             else:
                 grads.append(u.gshard)
         for u, g in zip(self.units, grads):

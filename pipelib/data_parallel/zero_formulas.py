@@ -114,6 +114,18 @@ def zero_comm_bytes(psi: int, world_size: int, stage: int, mixed_precision: bool
     return sent // world_size if sent % world_size == 0 else sent / world_size
 
 
+def hsdp_comm_bytes(psi: int, shard: int, replicas: int, stage: int = 3, mixed_precision: bool = True) -> float:
+    """Bytes one rank sends per step under HSDP: `zero_comm_bytes` within its shard group of
+    `shard` ranks (`psi` padded for it), plus the ring all-reduce of its gradient shard
+    (psi / shard elements) over the `replicas` groups: 2 (R-1)/R psi / shard g."""
+    _, g, _ = element_bytes(mixed_precision)
+    inner = zero_comm_bytes(psi, shard, stage, mixed_precision)
+    reduced = psi if stage == 0 else psi // shard  # stage 0 all-reduces everything, then across replicas
+    outer = 2 * (replicas - 1) * reduced * g
+    outer = outer // replicas if outer % replicas == 0 else outer / replicas
+    return inner + outer
+
+
 def milestone_table(psi: int, world_size: int, mixed_precision: bool = True, unit: float = 1e9) -> dict:
     """{stage: total bytes per rank / unit} for stages 0-3: seed 003's "1.6 / 0.9 / 0.8 GB"."""
     return {s: zero_state_bytes(psi, world_size, s, mixed_precision).total / unit for s in STAGES}

@@ -127,15 +127,18 @@ def zero_train(spec: dict, stage: int, steps: int = 3, batch: int = 8, *, lr: fl
 
     dev = current()
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    if (batch // n) % accumulate:
-        raise ValueError(f"zero_train: {batch // n} rows per rank do not split into accumulate={accumulate} "
-                         f"micro-batches; use a batch that is a multiple of {n * accumulate}")
+    replicas = zero_kw.get("replicate_group")  # HSDP: the batch is split over shard group x replicas
+    R, q = (1, 0) if replicas is None else (dist.get_world_size(replicas), dist.get_rank(replicas))
+    data_n, data_r = n * R, q * n + r
+    if (batch // data_n) % accumulate:
+        raise ValueError(f"zero_train: {batch // data_n} rows per rank do not split into accumulate={accumulate} "
+                         f"micro-batches; use a batch that is a multiple of {data_n * accumulate}")
     losses, times, sent = [], [], []
     grads = {}
     with dev.measure(fresh_memory=True) as run:
         zero = ZeRO(zero_model(spec), group, stage=stage, lr=lr, mixed_precision=mixed_precision, **zero_kw)
         opt_bytes = adam_bytes_moved(zero.updated_numel, mixed_precision)
-        for x, y in zero_batches(spec, steps, batch, n, r):
+        for x, y in zero_batches(spec, steps, batch, data_n, data_r):
             micro = x.shape[0] // accumulate
             total = 0.0
             with dev.measure() as one:
@@ -156,7 +159,9 @@ def zero_train(spec: dict, stage: int, steps: int = 3, batch: int = 8, *, lr: fl
             sent.append(one.bytes_sent)
             mean = torch.tensor([total])
             dist.all_reduce(mean, group=group)  # raw gloo, untraced: the whole batch's loss, for curves
-            losses.append(mean.item() / n)
+            if replicas is not None:
+                dist.all_reduce(mean, group=replicas)
+            losses.append(mean.item() / data_n)
             grads = grads_now or grads
         memory, tracker = zero.memory(), dict(dev.memory.bytes)
     stats = {"memory": memory, "tracker": tracker, "peak": run.peak_bytes, "bytes_sent": tuple(sent),
@@ -213,3 +218,34 @@ def train_zero(cluster, spec: dict, stage: int, *, world_size: int | None = None
         raise ValueError(f"train_zero: accumulate={k!r} with a global batch of {batch} on {n} ranks; use a "
                          f"whole number of micro-batches >= 1 that divides the {batch // n} rows per rank")
     return cluster.run(_zero_on_rank, n, zero_train, (spec, stage, steps, batch), kw)
+
+
+def _hsdp_on_rank(shard, fn, args, kw):
+    """`fn(*args, group=<shard group>, replicate_group=<replica group>, **kw)` on every rank: the
+    world cut into shard groups of `shard` consecutive ranks (one node each, in practice) and
+    replica groups of the ranks holding the same shard (r, r + shard, ...). Every rank makes
+    every group, in one order (`runtime.mesh.make_group`)."""
+    import torch.distributed as dist
+
+    from pipelib.runtime.mesh import make_group
+
+    world, me = dist.get_world_size(), dist.get_rank()
+    shards = [make_group(range(i, i + shard), "dp", kind="hsdp-shard") for i in range(0, world, shard)]
+    replicas = [make_group(range(j, world, shard), "dp", kind="hsdp-replicate") for j in range(shard)]
+    return fn(*args, group=shards[me // shard], replicate_group=replicas[me % shard], **kw)
+
+
+def train_hsdp(cluster, spec: dict, stage: int = 3, *, shard: int, steps: int = 3, batch: int = 8, **kw) -> list:
+    """HSDP on the whole cluster: ZeRO `stage` within shard groups of `shard` ranks, replicated
+    across the world_size / shard groups (`ZeRO(..., replicate_group=...)`); one StepResult per
+    rank. Bad arguments raise here, before any engine works."""
+    from pipelib.checks import check_int
+    from pipelib.data_parallel.zero_formulas import check_stage
+
+    check_stage(stage, "train_hsdp")
+    check_int(shard, "shard", context="train_hsdp", hint="ranks each shard group holds")
+    world = cluster.world_size
+    if world % shard or batch % world:
+        raise ValueError(f"train_hsdp: shard={shard} and batch={batch} on {world} ranks; the shard group "
+                         f"size must divide the world ({world}) and the world the global batch")
+    return cluster.run(_hsdp_on_rank, shard, zero_train, (spec, stage, steps, batch), kw)

@@ -7,7 +7,7 @@ FLOPs, 0.42 ms on toy-gpu) lasts longer than its all-gather on 4 ranks (3 (alpha
 """
 import pytest
 
-from pipelib.data_parallel.zero_formulas import adam_bytes_moved, padded_numel, zero_comm_bytes
+from pipelib.data_parallel.zero_formulas import adam_bytes_moved, padded_numel, zero_comm_bytes, zero_state_bytes
 from pipelib.data_parallel.zero_runner import reference_adam, train_zero
 from pipelib.results import check_against_reference
 
@@ -136,3 +136,23 @@ def test_prefetch_never_costs_time_when_compute_is_short(cluster4, rows):
     assert pre[0].times[0] <= plain[0].times[0]
     for name, g in plain[0].grads.items():
         assert (pre[0].grads[name] - g).abs().max() == 0, name  # the same sums, in the same order
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_hsdp_on_a_2x2_mesh_equals_one_process(cluster4, stage):
+    """ZeRO within shard groups {0, 1}, {2, 3}, replicated across {0, 2}, {1, 3}: the same
+    steps as one process; each rank sends its group's ZeRO bytes plus one all-reduce of its
+    gradient shard across the replicas."""
+    from pipelib.data_parallel.zero_formulas import hsdp_comm_bytes
+    from pipelib.data_parallel.zero_runner import train_hsdp
+
+    ref = reference_adam(ODD, 3, 8)
+    res = train_hsdp(cluster4, ODD, stage, shard=2, steps=3, batch=8)
+    check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
+    assert res[0].losses == pytest.approx(ref.losses, rel=1e-5)
+    want = hsdp_comm_bytes(padded_numel([63, 90, 40], 2), 2, 2, stage, mixed_precision=False)
+    assert all(r.stats["bytes_sent"] == (want,) * 3 for r in res)
+    # sharded over 2, not 4: each rank holds half of the optimizer state
+    want = zero_state_bytes(padded_numel([63, 90, 40], 2), 2, stage, False, num_tensors=3)
+    assert res[0].stats["memory"]["optimizer"] == want.optimizer
