@@ -103,14 +103,14 @@ class BucketedGrads(AllReduceGrads):
         self.hook = comm_hook_of(comm_hook)
         super().__init__(module, group, comm=comm)
         self.bucket_bytes, self.first_bucket_bytes = bucket_bytes, first_bucket_bytes
-        self.itemsize = max((p.element_size() for _, p in self.params), default=4)
+        self.itemsize, self.by_name = max((p.element_size() for _, p in self.params), default=4), dict(self.params)
         self._plan([(n, p.numel()) for n, p in self.params], backward_order=False)
         self.works, self.flats, self.wires = {}, {}, {}
 
     def _plan(self, sizes, backward_order: bool) -> None:
         self.buckets = plan_buckets(sizes, self.bucket_bytes, self.itemsize, self.first_bucket_bytes,
                                     backward_order=backward_order)
-        self.bucket_params = [[dict(self.params)[n] for n in b.names] for b in self.buckets]
+        self.bucket_params = [[self.by_name[n] for n in b.names] for b in self.buckets]
         self.bucket_of = {id(p): b for b, ps in enumerate(self.bucket_params) for p in ps}
 
     def flatten(self, index: int) -> torch.Tensor:
