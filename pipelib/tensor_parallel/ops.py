@@ -57,6 +57,11 @@ class TPComm:
 
             object.__setattr__(self, "lanes", TPLanes(current()))
 
+    @property
+    def uses_torch(self) -> bool:
+        """torch's built-in collectives (untraced), not pipelib's ring."""
+        return self.backend == "torch"
+
     def lap(self) -> None:
         """Charge the compute since the last collective to the clock (while `lanes` is timing)."""
         if self.lanes is not None:

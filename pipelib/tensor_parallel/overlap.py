@@ -22,9 +22,11 @@ does not move; `wait` moves it to the collective's end and records the idle time
 event. While `timed()` is active, every collective of `pipelib.tensor_parallel.ops` first charges
 the compute done since the last one (matmul FLOPs counted by torch's FlopCounterMode, at the
 profile's roofline rate) as a COMPUTE event: the step then has a simulated time, and the
-trace shows the hidden collectives under the weight gradients. On a real device (or with
-torch's built-ins as the backend) `launch` runs the collective at once: the gradients are the
-same, nothing is hidden here (torch's ``async_op=True`` on a GPU stream is the real thing).
+trace shows the hidden collectives under the weight gradients. With torch's built-ins as the
+backend, `launch_torch` starts them with ``async_op=True`` (NCCL runs them on its own stream,
+gloo on its threads) and `wait` waits for the work: the overlap as production runs it. With
+pipelib's ring on a real device `launch` runs the collective at once: the gradients are the
+same, nothing is hidden.
 
 The forward's collectives cannot be hidden this way (the next matmul needs their result);
 production hides them by cutting the matmul and the collective into pieces that pipeline
@@ -48,6 +50,7 @@ class TPWork:
 
     out: torch.Tensor
     end: float | None = None
+    handle: object = None  # torch's async work (backend "torch")
 
 
 class TPLanes:
@@ -111,9 +114,25 @@ class TPLanes:
         self.free_at = lane.now()
         return TPWork(out, self.free_at)
 
+    def launch_torch(self, dx: torch.Tensor, comm, scatter: bool) -> TPWork:
+        """torch's all-reduce of dx (or its reduce-scatter along the sequence, dim 1) with
+        ``async_op=True``, on the same layout as `pipelib.tensor_parallel.ops` uses."""
+        import torch.distributed as dist
+
+        self.lap()
+        if scatter:
+            s = dx.transpose(0, 1).contiguous()  # (T, B, C): the collective cuts dim 0
+            out = torch.empty((s.shape[0] // comm.size, *s.shape[1:]), dtype=s.dtype, device=s.device)
+            handle = dist.reduce_scatter_tensor(out, s, group=comm.group, async_op=True)
+            return TPWork(out.transpose(0, 1), handle=handle)  # (B, T/t, C), filled when done
+        y = dx.contiguous().clone()
+        return TPWork(y, handle=dist.all_reduce(y, group=comm.group, async_op=True))
+
     def wait(self, work: TPWork, label: str) -> torch.Tensor:
         """The compute lane waits for `work`; the idle time is a RECV_WAIT event (exposed)."""
         self.lap()
+        if work.handle is not None:
+            work.handle.wait()
         if work.end is not None:
             dev = self.dev
             start = dev.clock.now()
@@ -144,11 +163,12 @@ class _ColumnOverlapped(torch.autograd.Function):
         comm, lanes = ctx.comm, ctx.comm.lanes
         g2 = grad.reshape(-1, grad.shape[-1])                       # (B T, out / t)
         dx = g2.mm(weight).view(x.shape)                            # (B, T, in), a partial sum
-        if ctx.sp:
-            what = f"{ctx.label} reduce-scatter backward"
+        what = f"{ctx.label} {'reduce-scatter' if ctx.sp else 'f'} backward"
+        if comm.uses_torch:
+            work = lanes.launch_torch(dx, comm, ctx.sp)
+        elif ctx.sp:
             work = lanes.launch(reduce_scatter_seq, dx, comm, what)
         else:
-            what = f"{ctx.label} f backward"
             work = lanes.launch(all_reduce_tp, dx, comm, what)
         dw = g2.t().mm(x.reshape(-1, x.shape[-1]))                   # (out / t, in): meanwhile
         db = g2.sum(0) if ctx.has_bias else None
