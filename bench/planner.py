@@ -1,8 +1,8 @@
-"""The strategy planner's speed: layouts evaluated per second, and a whole search's time.
+"""The strategy planner's speed: strategies evaluated per second, and a whole search's time.
 
-Searches every layout `pipelib.planner.layouts` enumerates for GPT-3 175B on 1024 A100s
+Searches every layout `pipelib.planner.strategys` enumerates for GPT-3 175B on 1024 A100s
 (global batch 1536, Narayanan et al. 2021's run), with context parallelism 1 and 2, and
-reports layouts per second and the search's seconds, beside the machine's load.
+reports strategies per second and the search's seconds, beside the machine's load.
 
 Target (issue 22): a search over every plan for GPT-3 175B on 1024 GPUs in under 10 s on one
 laptop core.
@@ -21,20 +21,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import load, write  # noqa: E402
 
 from pipelib.costmodel import LINKS, PROFILES  # noqa: E402
-from pipelib.planner import GPT3_175B, Machine, explain, layouts, search  # noqa: E402
+from pipelib.planner.search import explain, search, strategies  # noqa: E402
+from pipelib.planner.spec import GPT3_175B, Machine  # noqa: E402
 
 
 def main() -> None:
     machine = Machine(PROFILES["a100"], gpus_per_node=8, inter_node=LINKS["ib-ndr"])
     args = (GPT3_175B, machine, 1024, 1536)
-    n = sum(1 for _ in layouts(*args, cp=(1, 2)))
+    n = sum(1 for _ in strategies(*args, cp=(1, 2)))
     start = time.perf_counter()
     found = search(*args, cp=(1, 2))
     seconds = time.perf_counter() - start
-    data = {"model": GPT3_175B.name, "devices": 1024, "layouts": n, "feasible": len(found),
+    data = {"model": GPT3_175B.name, "devices": 1024, "strategies": n, "feasible": len(found),
             "search_seconds": seconds, "layouts_per_second": n / seconds, "target_seconds": 10.0,
             "best": explain(found[0]) if found else None, "load": load()}
-    print(f"{n} layouts ({len(found)} feasible) in {seconds:.2f} s: {n / seconds:,.0f} a second "
+    print(f"{n} strategies ({len(found)} feasible) in {seconds:.2f} s: {n / seconds:,.0f} a second "
           f"(target: the whole search under 10 s); load {data['load']}")
     print(write("planner", data))
 

@@ -1,17 +1,19 @@
 """The strategy planner: counts against the published formulas, each itemised figure against
-the physics it must obey, and bad layouts refused with the values named."""
+the physics it must obey, and bad strategies refused with the values named."""
 from dataclasses import replace
 
 import pytest
 
 from pipelib.costmodel import LINKS, PROFILES
 from pipelib.data_parallel.zero_formulas import zero_state_bytes
-from pipelib.planner import GPT3_175B, LLAMA3_70B, Layout, Machine, check_layout, evaluate, explain, search
+from pipelib.planner.search import evaluate, explain, search
+from pipelib.planner.spec import GPT3_175B, LLAMA3_70B, Machine
+from pipelib.planner.strategy import Strategy, check_strategy
 from pipelib.planner.memory import stage_params
 from pipelib.planner.timing import link_of
 
 A100 = Machine(PROFILES["a100"], gpus_per_node=8, inter_node=LINKS["ib-ndr"])
-MEGATRON = Layout(dp=16, tp=8, pp=8, zero=1, recompute="full", micro_batch=1, schedule="interleaved_1f1b", virtual=2)
+MEGATRON = Strategy(dp=16, tp=8, pp=8, zero=1, recompute="full", micro_batch=1, schedule="interleaved_1f1b", virtual=2)
 
 
 def test_parameters_and_flops_against_megatron_lm_formulas():
@@ -63,20 +65,20 @@ def test_search_ranks_feasible_layouts_fastest_first_and_says_why_one_does_not_f
     found = search(GPT3_175B, A100, 1024, 1536)
     assert found and all(c.feasible for c in found)
     assert [c.step_time for c in found] == sorted(c.step_time for c in found)
-    tight = evaluate(GPT3_175B, A100, 1024, 1536, Layout(dp=128, tp=8, pp=1, zero=0))
+    tight = evaluate(GPT3_175B, A100, 1024, 1536, Strategy(dp=128, tp=8, pp=1, zero=0))
     assert not tight.feasible and "needs" in tight.why and "optimizer" in tight.why
     assert "does not fit" in explain(tight) and "MFU" in explain(found[0])
 
 
 @pytest.mark.parametrize("layout, match", [
-    (Layout(dp=8, tp=8, pp=8), "= 512 devices, not 1024"),
-    (Layout(dp=16, tp=64, pp=1), "tp=64 does not divide"),
-    (Layout(dp=16, tp=8, pp=7 * 1, cp=1), "devices, not 1024"),
-    (Layout(dp=32, tp=8, pp=4, micro_batch=5), "global batch 1536 does not split into dp=32 x micro_batch=5"),
-    (Layout(dp=16, tp=8, pp=8, zero=3), "zero=3 with pp=8"),
-    (Layout(dp=16, tp=8, pp=8, recompute="some"), "recompute='some'"),
-    (Layout(dp=16, tp=8, pp=8, virtual=2), "virtual=2 with schedule='1f1b'"),
+    (Strategy(dp=8, tp=8, pp=8), "= 512 devices, not 1024"),
+    (Strategy(dp=16, tp=64, pp=1), "tp=64 does not divide"),
+    (Strategy(dp=16, tp=8, pp=7 * 1, cp=1), "devices, not 1024"),
+    (Strategy(dp=32, tp=8, pp=4, micro_batch=5), "global batch 1536 does not split into dp=32 x micro_batch=5"),
+    (Strategy(dp=16, tp=8, pp=8, zero=3), "zero=3 with pp=8"),
+    (Strategy(dp=16, tp=8, pp=8, recompute="some"), "recompute='some'"),
+    (Strategy(dp=16, tp=8, pp=8, virtual=2), "virtual=2 with schedule='1f1b'"),
 ])
 def test_bad_layouts_are_refused_naming_the_values(layout, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
-        check_layout(GPT3_175B, 1024, 1536, layout)
+        check_strategy(GPT3_175B, 1024, 1536, layout)

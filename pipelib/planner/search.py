@@ -6,24 +6,29 @@
 A `Candidate` holds the layout, bytes per rank itemised (`planner.memory`), exposed seconds per
 step itemised (`planner.timing`), MFU (the model's FLOPs per second over the devices' dense
 peak, `ModelSpec.model_flops_per_token`), tokens per second, and whether it fits, with why
-not in words. Pure: thousands of layouts a second. Introduced in chapter 15.
+not in words. Pure: thousands of strategies a second. Introduced in chapter 15.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
 
-from pipelib.planner.layout import ORDER, RECOMPUTE, Layout, check_layout
+from pipelib.pipeline.schedules.registry import schedule_info
+from pipelib.planner.strategy import ORDER, Strategy, check_strategy, planned_schedules
+from pipelib.recompute.registry import POLICIES, policy_info
 from pipelib.planner.memory import memory
 from pipelib.planner.spec import Machine, ModelSpec
 from pipelib.planner.timing import step_time
+
+
+RECOMPUTE_PLANNED = tuple(p for p in POLICIES if not policy_info(p).chooses_k)  # none, full, selective
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A layout evaluated: bytes per rank and exposed seconds per step, itemised."""
 
-    layout: Layout
+    layout: Strategy
     memory: dict = field(default_factory=dict)
     time: dict = field(default_factory=dict)
     step_time: float = 0.0
@@ -43,10 +48,10 @@ def mfu(model: ModelSpec, machine: Machine, tokens_per_s: float, n_devices: int)
     return model.model_flops_per_token() * tokens_per_s / (n_devices * machine.device.flops)
 
 
-def evaluate(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, layout: Layout) -> Candidate:
+def evaluate(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, layout: Strategy) -> Candidate:
     """One layout's memory, step time, MFU and throughput; ValueError if it cannot run at all
-    (`check_layout`), `feasible=False` with the overflow itemised if it does not fit."""
-    m = check_layout(model, n_devices, global_batch, layout)
+    (`check_strategy`), `feasible=False` with the overflow itemised if it does not fit."""
+    m = check_strategy(model, n_devices, global_batch, layout)
     mem, time = memory(model, layout, m), step_time(model, machine, layout, m)
     total = sum(time.values())
     tokens = global_batch * model.seq_len / total
@@ -60,9 +65,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, *,
+def strategies(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, *,
             micro_batches=(1, 2, 4, 8), cp=(1,), order=ORDER):
-    """Every layout `check_layout` accepts: tp within a node, pp dividing the layers, each ZeRO
+    """Every layout `check_strategy` accepts: tp within a node, pp dividing the layers, each ZeRO
     stage, recomputation policy and schedule, microbatch size."""
     for tp in _divisors(machine.gpus_per_node):
         for c in cp:
@@ -70,13 +75,14 @@ def layouts(model: ModelSpec, machine: Machine, n_devices: int, global_batch: in
                 if n_devices % (tp * pp * c):
                     continue
                 dp = n_devices // (tp * pp * c)
-                schedules = [("1f1b", 1), ("interleaved_1f1b", 2)] if pp > 1 else [("1f1b", 1)]
+                schedules = ([(n, 2 if schedule_info(n).chunked else 1) for n in planned_schedules()]
+                             if pp > 1 else [(Strategy.schedule, 1)])
                 zeros = (0, 1) if pp > 1 else (0, 1, 2, 3)
-                for (sched, v), zero, rc, b in itertools.product(schedules, zeros, RECOMPUTE, micro_batches):
-                    lay = Layout(dp=dp, tp=tp, pp=pp, cp=c, zero=zero, recompute=rc, micro_batch=b,
+                for (sched, v), zero, rc, b in itertools.product(schedules, zeros, RECOMPUTE_PLANNED, micro_batches):
+                    lay = Strategy(dp=dp, tp=tp, pp=pp, cp=c, zero=zero, recompute=rc, micro_batch=b,
                                  schedule=sched, virtual=v, order=order)
                     try:
-                        check_layout(model, n_devices, global_batch, lay)
+                        check_strategy(model, n_devices, global_batch, lay)
                     except ValueError:
                         continue
                     yield lay
@@ -85,7 +91,7 @@ def layouts(model: ModelSpec, machine: Machine, n_devices: int, global_batch: in
 def search(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, **kw) -> list[Candidate]:
     """Every feasible layout, fastest first (ties: less memory first)."""
     found = (evaluate(model, machine, n_devices, global_batch, lay)
-             for lay in layouts(model, machine, n_devices, global_batch, **kw))
+             for lay in strategies(model, machine, n_devices, global_batch, **kw))
     return sorted((c for c in found if c.feasible), key=lambda c: (c.step_time, c.memory_bytes))
 
 

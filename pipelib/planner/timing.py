@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from pipelib.data_parallel.zero_formulas import zero_comm_bytes
 from pipelib.pipeline.simulate import bubble_closed_form
-from pipelib.planner.layout import Layout
+from pipelib.planner.strategy import Strategy
 from pipelib.planner.memory import BF16, stage_params
 from pipelib.planner.spec import Machine, ModelSpec
+from pipelib.recompute.registry import policy_info
 
 
-def link_of(axis: str, lay: Layout, machine: Machine):
+def link_of(axis: str, lay: Strategy, machine: Machine):
     """The link a group of `axis` spans: its ranks are `stride` apart, `stride` the product of
     the sizes of the axes inside it in `lay.order`; inside a node if they all fit in one."""
     inner = lay.order[lay.order.index(axis) + 1:]
@@ -31,7 +32,7 @@ def link_of(axis: str, lay: Layout, machine: Machine):
     return machine.device.link if stride * getattr(lay, axis) <= machine.gpus_per_node else machine.inter_node
 
 
-def ring_time(nbytes_per_rank: float, n: int, link, steps: int | None = None) -> float:
+def ring_seconds(nbytes_per_rank: float, n: int, link, steps: int | None = None) -> float:
     """A ring collective in which each rank sends `nbytes_per_rank` in `steps` messages."""
     if n == 1:
         return 0.0
@@ -39,17 +40,19 @@ def ring_time(nbytes_per_rank: float, n: int, link, steps: int | None = None) ->
     return steps * link.alpha + nbytes_per_rank / link.beta
 
 
-def hardware_flops_per_token(model: ModelSpec, lay: Layout) -> float:
+def hardware_flops_per_token(model: ModelSpec, lay: Strategy) -> float:
     """The model's FLOPs per token plus what recomputation adds: a second forward (2N + 4 L s h)
     under full, the attention core's forward (4 L s h) under selective."""
+    policy = policy_info(lay.recompute)
     attention = 4 * model.n_layer * model.seq_len * model.hidden
-    extra = {"none": 0.0, "selective": attention,
-             "full": (model.model_flops_per_token() - 12 * model.n_layer * model.seq_len * model.hidden) / 3
-             + attention}[lay.recompute]
-    return model.model_flops_per_token() + extra
+    if policy.keeps_all:
+        return model.model_flops_per_token()
+    if policy.fixed_k == 1:  # full: the whole forward again
+        return model.model_flops_per_token() + (model.model_flops_per_token() - 3 * attention) / 3 + attention
+    return model.model_flops_per_token() + attention  # selective: the attention core again
 
 
-def step_time(model: ModelSpec, machine: Machine, lay: Layout, m: int) -> dict:
+def step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) -> dict:
     """{compute, bubble, tp, cp, pp, dp}: seconds of one optimizer step, exposed."""
     tokens_mb = lay.micro_batch * model.seq_len  # one microbatch of one replica
     per_device = hardware_flops_per_token(model, lay) * tokens_mb / (lay.tp * lay.pp * lay.cp)
@@ -59,8 +62,8 @@ def step_time(model: ModelSpec, machine: Machine, lay: Layout, m: int) -> dict:
     act = BF16 * tokens_mb // lay.cp * model.hidden  # one (b, s/cp, h) activation
     tp = 0.0
     if lay.tp > 1:
-        calls = (6 if lay.recompute == "full" else 4) * layers * m
-        tp = calls * ring_time(2 * act * (lay.tp - 1) / lay.tp, lay.tp, link_of("tp", lay, machine))
+        calls = (6 if policy_info(lay.recompute).fixed_k == 1 else 4) * layers * m  # full reruns g's
+        tp = calls * ring_seconds(2 * act * (lay.tp - 1) / lay.tp, lay.tp, link_of("tp", lay, machine))
     cp = 0.0
     if lay.cp > 1:
         kv = 2 * BF16 * tokens_mb // lay.cp * model.hidden * model.kv_heads // model.n_head // lay.tp
@@ -79,5 +82,5 @@ def step_time(model: ModelSpec, machine: Machine, lay: Layout, m: int) -> dict:
         sent = zero_comm_bytes(stage_params(model, lay), n, lay.zero, True, accumulate=m,
                                fp32_grads=lay.fp32_grads)
         link = link_of("dp", lay, machine) if lay.cp == 1 else machine.inter_node
-        dp = max(0.0, ring_time(sent, n, link) - t_mb * 2 / 3)
+        dp = max(0.0, ring_seconds(sent, n, link) - t_mb * 2 / 3)
     return {"compute": m * t_mb, "bubble": bubble * m * t_mb, "tp": tp, "cp": cp, "pp": pp, "dp": dp}

@@ -1,0 +1,115 @@
+"""The book's own runs, predicted: pipelib's GPT in fp32 on simulated devices (chapter 15).
+
+A `Strategy` with precision "fp32" is what `pipelib.trainer.run` trains (`to_plan`): fp32
+weights, gradients and Adam's two moments (16 bytes a parameter, plus a 4-byte step counter per
+tensor), pipelib's written-out attention, activations counted op by op as chapters 03, 09 and
+14 count them (`memory.gpt_activation_bytes`, `recompute.formulas.predict_policy`,
+`tensor_parallel.formulas.tp_layer_activation_bytes`), FLOPs as torch's counter counts the
+matmuls (`memory.gpt_forward_flops`, backward twice the forward), Adam's step as the memory
+traffic of `zero_formulas.adam_bytes_moved`, and every collective as the ring's alpha-beta time
+(2 (N-1) messages per all-reduce, t-1 per tensor-parallel all-reduce half). Nothing is
+overlapped: the trainer's "ddp" reduces after the backward. Pure.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pipelib.data_parallel.zero_formulas import adam_bytes_moved, zero_state_bytes
+from pipelib.memory import INDEX_BYTES, gpt_activation_bytes, gpt_forward_flops, gpt_layer_activation_bytes
+from pipelib.planner.strategy import Strategy
+from pipelib.planner.spec import Machine, ModelSpec
+from pipelib.recompute.registry import policy_info
+
+F32 = 4
+TRAINER_KINDS = ("ddp", "zero1", "zero2", "zero3")  # the trainer's data-parallel kind for ZeRO stages 0-3
+
+
+def gpt_config(model: ModelSpec, n_layer: int | None = None):
+    """The duck-typed `GPTConfig` the book's formulas read (pipelib's GPT: tied, learned positions)."""
+    return SimpleNamespace(n_embd=model.hidden, n_head=model.n_head, vocab_size=model.vocab,
+                           block_size=model.seq_len, n_layer=model.n_layer if n_layer is None else n_layer,
+                           dropout=0.0, flash=False)
+
+
+def to_plan(lay: Strategy, m: int):
+    """The `pipelib.parallelize.Plan` the trainer runs for this layout (m microbatches a step)."""
+    from pipelib.parallelize import Plan
+
+    return Plan(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, data_parallel=TRAINER_KINDS[lay.zero],
+                sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule=lay.schedule,
+                microbatches=m if lay.pp > 1 else 2, recompute=lay.recompute)
+
+
+def num_tensors(model: ModelSpec, lay: Strategy) -> int:
+    """Parameter tensors on the largest stage: 12 a block, the embeddings, ln_f's two."""
+    layers = model.n_layer // lay.pp
+    return 12 * layers + (2 if lay.pp == 1 else 0) + 2 + 2
+
+
+def book_memory(model: ModelSpec, lay: Strategy, m: int) -> dict:
+    from pipelib.planner.memory import stage_params
+    from pipelib.recompute.formulas import predict_policy
+    from pipelib.tensor_parallel.formulas import tp_layer_activation_bytes
+
+    psi = stage_params(model, lay)
+    states = zero_state_bytes(psi, lay.dp, lay.zero, False)
+    opt = states.optimizer + 4 * num_tensors(model, lay)
+    b, s, h, a, t = lay.micro_batch, model.seq_len, model.hidden, model.n_head, lay.tp
+    layers = model.n_layer // lay.pp
+    cfg = gpt_config(model, layers)
+    if lay.tp == 1 and lay.pp == 1:
+        acts = predict_policy(cfg, b, s, lay.recompute).peak_bytes
+    elif lay.pp == 1:  # tensor parallel: blocks as chapter 09 counts them, the vocabulary-parallel head
+        blocks = layers * tp_layer_activation_bytes(b, s, h, a, t, F32, sequence_parallel=lay.sequence_parallel)
+        outside = gpt_activation_bytes(cfg, b, s, F32) - layers * gpt_layer_activation_bytes(cfg, b, s, F32)
+        logits = F32 * b * s * model.vocab
+        acts = blocks + outside - logits + logits // t
+    else:  # the first stage: its blocks and the embedding's indices, for each microbatch in flight
+        from pipelib.planner.memory import in_flight
+
+        layer = (gpt_layer_activation_bytes(cfg, b, s, F32) if t == 1 else
+                 tp_layer_activation_bytes(b, s, h, a, t, F32, sequence_parallel=lay.sequence_parallel))
+        per_mb = layers * layer + INDEX_BYTES * (b * s + s)
+        acts = in_flight(lay, m) * per_mb
+    return {"parameters": states.params, "gradients": states.grads, "optimizer": opt,
+            "activations": acts, "buffers": 0}
+
+
+def _ring(n: int, nbytes: float, link, messages: int) -> float:
+    return 0.0 if n == 1 else messages * link.alpha + nbytes / link.beta
+
+
+def book_step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) -> dict:
+    from pipelib.planner.memory import stage_params
+    from pipelib.planner.timing import link_of
+    from pipelib.tensor_parallel.formulas import tp_step_counts
+
+    dev, b, s, t = machine.device, lay.micro_batch, model.seq_len, lay.tp
+    layers = model.n_layer // lay.pp
+    cfg = gpt_config(model, layers)
+    head = 2 * b * s * model.hidden * model.vocab
+    blocks = gpt_forward_flops(cfg, b, s) - head
+    extra = blocks if policy_info(lay.recompute).fixed_k == 1 else 0  # full: the blocks' forward again
+    stage = (3 * blocks + extra) / t / machine.flops  # one microbatch's F + B on a stage of blocks
+    last = stage + 3 * head / t / machine.flops        # the last stage also runs the head
+    # a pipeline: the first microbatch through every stage, then the others at the slowest's pace
+    compute = (lay.pp - 1) * stage + last + (m - 1) * last if lay.pp > 1 else last
+    psi = stage_params(model, lay)
+    optimizer = adam_bytes_moved(psi // (lay.dp if lay.zero else 1)) / dev.mem_bandwidth
+    tp = 0.0
+    if t > 1:
+        c = tp_step_counts(layers, b * m, s, model.hidden, t, F32, vocab=True)
+        link = link_of("tp", lay, machine)
+        tp = (c.forward_calls + c.backward_calls) * 2 * (t - 1) * link.alpha \
+            + (c.forward_bytes + c.backward_bytes) / link.beta
+    pp = 0.0
+    if lay.pp > 1:
+        link = link_of("pp", lay, machine)
+        pp = 2 * (lay.pp - 1) * link.time(F32 * b * s * model.hidden)
+    dp = 0.0
+    if lay.dp > 1:
+        n, link = lay.dp, link_of("dp", lay, machine)
+        units = 1 if lay.zero == 0 else layers + 2
+        per_elem = {0: 2, 1: 2, 2: 2, 3: 3}[lay.zero] * F32
+        dp = _ring(n, per_elem * psi * (n - 1) / n, link, 2 * (n - 1) * units * (1.5 if lay.zero == 3 else 1))
+    return {"compute": compute, "optimizer": optimizer, "tp": tp, "pp": pp, "dp": dp}
