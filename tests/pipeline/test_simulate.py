@@ -110,10 +110,10 @@ def test_zbv_bubble_near_zero_for_large_m(p):
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
-def test_zb_h2_is_a_parallelogram_at_2p_microbatches_of_memory(p):
+def test_zb_h2_is_a_parallelogram_at_2p_minus_1_microbatches_of_memory(p):
     for m in range(1, 4 * p + 1):
         r = simulate(zero_bubble_h2(p, m), UNEQUAL)
-        assert max(r.peak_inflight) == min(2 * p, m)
+        assert max(r.peak_inflight) == min(2 * p - 1, m)  # Qi et al.: (2p - 1) M_B
         if m >= p:  # the step's span: ZB-H1's bubble, (p-1) F per rank
             assert r.bubble == pytest.approx(bubble_closed_form("zb_h2", p, m, costs=UNEQUAL), abs=1e-12)
             assert r.bubble == pytest.approx(simulate(zero_bubble_h1(p, m), UNEQUAL).bubble, abs=1e-12)

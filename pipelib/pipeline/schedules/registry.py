@@ -119,6 +119,13 @@ def v_filled(p, m, v, c):
     return (p - 1) * c.F, 2 * m * (c.F + c.I + c.W)
 
 
+def looped_inflight(p, m, v):
+    """Interleaved 1F1B's rank 0 (Megatron-LM's warm-up): 2(p-1) + (v-1) p forwards of a chunk,
+    plus the one the first backward follows, (v+1) p - 1 chunks, or all v m when fewer. Rounds
+    of other sizes (m > p, not a multiple of p) hold more: None, so `simulate` must say."""
+    return min((v + 1) * p - 1, v * m) if m <= p or m % p == 0 else None
+
+
 @dataclass(frozen=True)
 class ScheduleInfo:
     """What pipelib knows about one schedule, besides its order (which its generator makes)."""
@@ -132,6 +139,7 @@ class ScheduleInfo:
     closed_form: ClosedForm | None = None    # its bubble's formula, if it has one
     aliases: tuple[str, ...] = ()            # other names that mean this schedule
     torch_needs_m_ge_p: bool = False         # torch's class refuses m < p; pipelib's runs any m
+    inflight: Callable[[int, int, int], int | None] | None = None  # rank 0's peak in flight, a formula
 
     @property
     def stages_per_rank(self) -> int | None:
@@ -144,6 +152,16 @@ class ScheduleInfo:
         if self.chunked and num_chunks is not None:
             return self.generator(p, m, num_chunks)
         return self.generator(p, m)
+
+    def peak_inflight(self, p: int, m: int, v: int = 1) -> int:
+        """Microbatches (of one chunk, for chunked schedules) whose activations rank 0 holds at
+        its peak, from the formula; `simulate(...).peak_inflight[0]` measures the same (the
+        planner sizes activation memory with it)."""
+        n = None if self.inflight is None else self.inflight(p, m, v if self.chunked else 1)
+        if n is None:
+            raise ValueError(f"no in-flight formula for schedule {self.name!r} at p={p}, m={m}, v={v}; "
+                             f"use simulate()")
+        return n
 
     def bubble(self, p: int, m: int, v: int, costs, *, relative: bool = False) -> float:
         """The bubble from the closed form: idle share of the step, or idle / busy (`relative`)."""
@@ -160,20 +178,22 @@ class ScheduleInfo:
 
 
 REGISTRY: Mapping[str, ScheduleInfo] = MappingProxyType({info.name: info for info in (
-    ScheduleInfo("naive", naive, None, closed_form=stop_and_wait),
-    ScheduleInfo("gpipe", gpipe, "ScheduleGPipe", closed_form=fill_and_drain, aliases=("GPipe",)),
+    ScheduleInfo("naive", naive, None, closed_form=stop_and_wait, inflight=lambda p, m, v: 1),
+    ScheduleInfo("gpipe", gpipe, "ScheduleGPipe", closed_form=fill_and_drain, aliases=("GPipe",),
+                 inflight=lambda p, m, v: m),  # every forward before any backward
     ScheduleInfo("1f1b", one_f_one_b, "Schedule1F1B", closed_form=fill_and_drain,
-                 aliases=("one_f_one_b",), torch_needs_m_ge_p=True),
+                 aliases=("one_f_one_b",), torch_needs_m_ge_p=True,
+                 inflight=lambda p, m, v: min(p, m)),  # p - r warm-up forwards on rank r
     ScheduleInfo("interleaved_1f1b", interleaved_1f1b, "ScheduleInterleaved1F1B", chunked=True,
-                 closed_form=looped_fill_and_drain),
+                 closed_form=looped_fill_and_drain, inflight=looped_inflight),
     ScheduleInfo("looped_bfs", looped_bfs, "ScheduleLoopedBFS", chunked=True,
-                 closed_form=breadth_first),
+                 closed_form=breadth_first, inflight=lambda p, m, v: v * m),
     ScheduleInfo("llama3_interleaved", llama3_interleaved, None, chunked=True,
                  closed_form=rounds_of_n, aliases=("llama3",)),
     ScheduleInfo("zb_h1", zero_bubble_h1, "ScheduleInterleavedZeroBubble", split_backward=True,
-                 closed_form=deferred_w, aliases=("zero_bubble_h1", "zbh1")),
+                 closed_form=deferred_w, aliases=("zero_bubble_h1", "zbh1"), inflight=lambda p, m, v: min(p, m)),
     ScheduleInfo("zb_h2", zero_bubble_h2, None, split_backward=True, closed_form=parallelogram,
-                 aliases=("zero_bubble_h2", "zbh2")),
+                 aliases=("zero_bubble_h2", "zbh2"), inflight=lambda p, m, v: min(2 * p - 1, m)),
     ScheduleInfo("interleaved_zero_bubble", interleaved_zero_bubble,
                  "ScheduleInterleavedZeroBubble", chunked=True, split_backward=True),
     ScheduleInfo("zbv", zbv, "ScheduleZBVZeroBubble", split_backward=True, v_shaped=True,
