@@ -32,8 +32,9 @@ PURE = [
     "pipelib.data_parallel.zero_formulas", "pipelib.data_parallel.buckets", "pipelib.data_parallel.efficiency",
     "pipelib.viz", "pipelib.viz.timeline", "pipelib.viz.comm", "pipelib.viz.hardware", "pipelib.viz.display",
     "pipelib.viz.recompute", "pipelib.viz.ring", "pipelib.viz.tensor_parallel", "pipelib.viz.zero",
-    "pipelib.viz.ddp", "pipelib.planner", "pipelib.planner.spec", "pipelib.planner.layout",
-    "pipelib.planner.memory", "pipelib.planner.timing", "pipelib.planner.search",
+    "pipelib.viz.ddp", "pipelib.recompute.offload", "pipelib.data_parallel.zero_family", "pipelib.planner",
+    "pipelib.planner.spec", "pipelib.planner.strategy",
+    "pipelib.planner.memory", "pipelib.planner.timing", "pipelib.planner.search", "pipelib.planner.book",
 ]
 
 # Run in a fresh interpreter: import one module and report what it pulled in.

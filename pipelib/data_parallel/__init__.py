@@ -8,6 +8,9 @@
   the step; a second virtual clock on a simulated device) and `BackwardTimer` (backward in laps);
 - `ddp`: DDP from first principles in four steps: `AllReduceGrads`, `BucketedGrads`,
   `OverlappedGrads`, `DDP` (no_sync and its misuse);
+- `comm_hooks`: `CommHook`, `COMM_HOOKS`: what a bucket becomes on the wire (bf16, fp16) and back;
+- `ddp_order`: `ScrambledNet`, `ddp_orders`: bucket-index order, rebuilt buckets and unused
+  parameters on the ranks, as torch's DDP rules them;
 - `kinds`: the ways `pipelib.parallelize` reduces over the dp axis (DDP's buckets, ZeRO 1-3);
 - `steps`: the registry of DDP steps (`DDP_STEPS`), torch's DDP behind the same four calls;
 - `runner`: `run_ddp` (train k steps with any step, or torch's DistributedDataParallel, on a
@@ -21,6 +24,9 @@
 - `zero`: `ZeRO`, stages 0-3 around a real Adam: optimizer state, then gradients (by
   reduce-scatter), then parameters (gathered per layer before use, freed after) sharded;
 - `zero_units`: `FlatUnit`, the flat, padded, sharded buffer of one layer's parameters;
+- `zero_gather`: ZeRO-3's gathering: parameters all-gathered before use, freed after, prefetched;
+- `zero_precision`: what reducing gradients in bf16 costs, against fp32 reduction;
+- `zero_family`: pure: the ZeRO family (ZeRO-R, Offload, Infinity, ZeRO++, MiCS) in one table;
 - `zero_shards`, `zero_memory`: ZeRO's shards of the optimizer and gradients, and its bytes;
 - `zero_formulas`: pure (no torch): ZeRO's bytes per rank and bytes sent, the paper's table;
 - `zero_runner`: `train_zero`, k steps of a stage on a cluster group beside one process's Adam;

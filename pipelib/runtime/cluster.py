@@ -250,6 +250,6 @@ class Cluster:
 
     def _gather(self, ars, name, timeout, ranks=None):
         """Wait for one AsyncResult per rank (`pipelib.runtime.gather`)."""
-        from pipelib.runtime.gather import gather
+        from pipelib.runtime.gather import wait_for_ranks
 
-        return gather(self, ars, name, timeout, ranks)
+        return wait_for_ranks(self, ars, name, timeout, ranks)

@@ -23,7 +23,7 @@ def _interrupt(cluster, ranks) -> None:
             pass
 
 
-def gather(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
+def wait_for_ranks(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
     """Wait for one AsyncResult per rank of `cluster` (all, or `ranks`), turning deaths, errors
     and stalls into errors; one result per rank."""
     from ipyparallel.error import EngineError, RemoteError
