@@ -6,7 +6,8 @@ G, and ring collectives whose (n-1)/n is taken as 1 (large groups). Per paramete
 
 - `gpu`: model-state bytes held on the GPU between steps (activations and transients apart);
 - `host`: bytes held in CPU memory or on NVMe instead;
-- `sent`: bytes each GPU sends per step over GPU links, all groups together;
+- `sent`: bytes each GPU sends per step over GPU links, all groups together (but for ZeRO++'s
+  qgZ only its cross-node hop: see below);
 - `cross_node`: the part of `sent` in collectives whose group spans nodes (ZeRO++'s accounting:
   an intra-node group's bytes stay on NVLink);
 - `host_link`: bytes each GPU moves over PCIe to or from host memory per step.
@@ -23,6 +24,12 @@ through all-to-all: cross-node volume 3 M -> 0.75 M, M the 16-bit model); MiCS (
 collectives) and FSDP2's HSDP (`fully_shard(mesh=2-D)`, `(Replicate(), Shard(0))`), which hold
 and move the same bytes here; FSDP2's `reshard_after_forward=False` (2 psi: no backward
 all-gather, all parameters unsharded from forward to backward).
+
+ZeRO++'s row counts qgZ as the paper does: only its cross-node hop (int4 gradients, 0.5 byte
+per parameter), in `sent` as in `cross_node`. qgZ's all-to-all is hierarchical (DeepSpeed's
+`all_to_all_quant_reduce`): each GPU first sends its whole gradient in int4 to the other GPUs of
+its node (about 0.5 byte per parameter more, over NVLink), and only the node-reduced result
+crosses nodes; `sent` leaves that intra-node hop out.
 
 Quantization scales (a few bytes per block of weights) are left out. These are the papers'
 accountings, not measurements: chapter 08 measures ZeRO 0-3, prefetching and
@@ -76,7 +83,7 @@ def zero_family(world_size: int, node_size: int = 8, shard_group: int | None = N
         FamilyRow(f"MiCS (partition groups of {s})", 16 / s, 0, 6 + replicas,
                   6 * s_cross + replicas * cross, 0, "the same bytes; hierarchical collectives"),
         FamilyRow("ZeRO++ (qwZ + hpZ + qgZ)", 16 / n + 2 / g, 0, 1 + 2 + 0.5, 1.5 * cross, 0,
-                  "int8 weights, intra-node backward gather, int4 gradients: 4x less cross-node"),
+                  "int8 weights, intra-node backward gather, int4 gradients (qgZ's NVLink hop not in sent)"),
         FamilyRow("ZeRO-Offload (ZeRO-2 + CPU Adam)", 2, 14 / n, 4, 4 * cross, 4 / n,
                   "16-bit gradient shard down, 16-bit parameter shard up"),
         FamilyRow("ZeRO-Infinity (all offloaded)", 0, 16 / n, 6, 6 * cross, 6 / n,
