@@ -14,9 +14,9 @@ dropouts between them work on s/t of the sequence.
 
 Seed 003's milestone (12 layers, d = 512, batch 8, seq 512): 24 all-reduces per forward of
 8*512*512 = 2 Mi elements, 4 MiB in 16-bit; a ring over t = 2 sends 2 (t-1)/t = 1 x the tensor
-per rank, 4 MiB a call and 96 MiB a forward. Over PCIe 4.0 x16 (32 GB/s a direction) that is
-3.39 ms, 6.8% of a 50 ms forward (`tp_milestone`: 96 MiB / 32 GB/s is 3.15 ms, plus a latency
-of 2 (t-1) alpha = 10 us per call); the seed's "about 6%" counts MB and no latency.
+per rank, 4 MiB a call and 96 MiB a forward. `tp_milestone` puts it on PCIe 4.0 x16 (32 GB/s a
+direction): 96 MiB / beta, plus a latency of 2 (t-1) alpha per call, as a share of the seed's
+50 ms forward (chapter 09 prints it); the seed's "about 6%" counts MB and no latency.
 
 What overlap hides (`tp_overlap_hidden`, Korthikanti et al. §6.2): a column-parallel layer's
 backward collective of dX runs while its weight gradient is computed, so it hides
@@ -112,8 +112,8 @@ def tp_milestone(n_layer: int = 12, h: int = 512, b: int = 8, s: int = 512, t: i
               *, alpha: float = 5e-6, beta: float = 32e9, forward_seconds: float = 0.050) -> TPMilestone:
     """Seed 003: '12 layers, d=512, batch 8, seq 512 gives 24 communications of ~4 MB, ~96 MB per
     forward, about 6% of a 50 ms forward over PCIe'. It holds for 16-bit activations (itemsize 2)
-    on t = 2 over PCIe 4.0 x16 (32 GB/s per direction, the default `beta`; `alpha` 5 us); over
-    PCIe 5 (`pipelib.costmodel.LINKS["pcie5"]`, 50 GB/s) it is 4.5%. A ring all-reduce of n bytes
+    on t = 2 over PCIe 4.0 x16 (32 GB/s per direction, the default `beta`; `alpha` 5 us); pass
+    `pipelib.costmodel.LINKS["pcie5"]`'s alpha and beta for PCIe 5. A ring all-reduce of n bytes
     takes 2 (t-1) alpha + 2 (t-1)/t n / beta."""
     calls = 2 * n_layer
     tensor = b * s * h * itemsize

@@ -113,3 +113,22 @@ def test_overlap_without_a_cluster(tmp_path, backend):
 
     mp.spawn(_plain_torch, args=(str(tmp_path), backend), nprocs=2, join=True)
     assert all((tmp_path / f"ok{r}").exists() for r in range(2))
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_overlap_hides_every_backward_collective_exactly_when_each_weight_gradient_outlasts_it(sp):
+    # Chapter 09's "a GPT-3-wide layer covers all of it": a column layer hides min(dW, collective),
+    # so the whole collective hides exactly when the shortest column layer's dW (c_attn's 3h/t
+    # outputs; under SP only c_fc's 4h/t) lasts at least as long. Either side of that device speed:
+    from pipelib.comm.alphabeta import predicted_time
+
+    L, b, s, h, t, itemsize, alpha, beta = 2, 1, 2048, 12288, 8, 2, 2e-6, 450e9
+    comm = predicted_time("reduce_scatter" if sp else "all_reduce", b * s * h * itemsize, t, alpha, beta)
+    columns = 1 if sp else 2
+    shortest = 2 * b * s * h * ((4 if sp else 3) * h // t)       # dW FLOPs of the shortest column layer
+    crossover = shortest / comm                                  # FLOP/s at which dW == collective
+    kw = dict(alpha=alpha, beta=beta, itemsize=itemsize, sequence_parallel=sp)
+    slow = tp_overlap_hidden(L, b, s, h, t, flops=0.99 * crossover, **kw)
+    fast = tp_overlap_hidden(L, b, s, h, t, flops=1.01 * crossover, **kw)
+    assert math.isclose(slow, L * columns * comm, rel_tol=1e-12)
+    assert fast < L * columns * comm
