@@ -10,8 +10,9 @@ one way and R the device's achieved FLOP/s (peak x `mfu`):
 - full recomputation adds one forward per block, F / R seconds, all of it compute on the
   critical path, and keeps only the block's input;
 - offloading copies L bytes out during the forward, overlapped with the next block's forward
-  (F / R), and back during backward, prefetched one block ahead, overlapped with the block's
-  backward (2 F / R): it adds max(0, L/beta - F/R) + max(0, L/beta - 2F/R) seconds.
+  (F / R), and back during backward, prefetched one block ahead, overlapped with the following
+  block's backward (2 F / R; the block after it in the forward runs its backward just before
+  it): it adds max(0, L/beta - F/R) + max(0, L/beta - 2F/R) seconds.
 
 So offloading costs less time than recomputing exactly when L / beta < 2 F / R, that is when
 the block does more than R / (2 beta) FLOPs per byte it keeps (`OffloadTrade.offload_wins`).
@@ -22,8 +23,9 @@ pinned-memory limits. Pure arithmetic. Chapter 14.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from pipelib.memory import gpt_forward_flops
 from pipelib.recompute.formulas import layer_bytes
 
 
@@ -58,7 +60,8 @@ def offload_vs_recompute(cfg, batch: int, seq: int, profile, host_beta: float, *
         raise ValueError(f"offload_vs_recompute: host_beta={host_beta}; bytes per second, > 0")
     B, T, C = batch, seq, cfg.n_embd
     L = layer_bytes(cfg, B, T, itemsize, mask_bytes)
-    F = 24 * B * T * C * C + 4 * B * T * T * C  # pipelib.memory.gpt_forward_flops, per block
+    head = gpt_forward_flops(replace(cfg, n_layer=0), B, T)  # the tied head alone
+    F = (gpt_forward_flops(cfg, B, T) - head) // cfg.n_layer  # one block's forward
     rate = profile.flops * mfu
     fwd, copy = F / rate, L / host_beta
     exposed = max(0.0, copy - fwd) + max(0.0, copy - 2 * fwd)

@@ -80,3 +80,39 @@ def test_offload_refuses_bad_inputs():
         offload_vs_recompute(GPT3_175B, 1, 2048, PROFILES["h100"], 50e9, mfu=0)
     with pytest.raises(ValueError, match="host_beta"):
         offload_vs_recompute(GPT3_175B, 1, 2048, PROFILES["h100"], 0)
+
+
+def test_offload_charges_one_blocks_forward_as_measured():
+    # F is one block's forward FLOPs: torch's own count of a block's matmuls, and GPT-3's
+    # 24 b s h^2 + 4 b s^2 h (Korthikanti et al.'s count).
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg, b, s = GPTConfig(n_layer=3, n_head=4, n_embd=64, block_size=32), 2, 32
+    block, x = Block(cfg), torch.randn(b, s, cfg.n_embd)
+    with FlopCounterMode(display=False) as counter:
+        block(x)
+    assert offload_vs_recompute(cfg, b, s, PROFILES["h100"], 50e9).forward_flops == counter.get_total_flops()
+    h = GPT3_175B.n_embd
+    assert offload_vs_recompute(GPT3_175B, 1, 2048, PROFILES["h100"], 50e9).forward_flops == (
+        24 * 2048 * h * h + 4 * 2048 * 2048 * h)
+
+
+def test_selective_headlines_step_is_the_memory_modules_and_the_measured_one():
+    # flops_over_step against a training step counted apart from the headline: pipelib.memory's
+    # forward + backward, which a measured step of the tiny GPT matches op by op.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pipelib.memory import gpt_train_flops
+    from pipelib.model import GPT
+
+    cfg, b, s = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=32), 2, 32
+    torch.manual_seed(0)
+    model, idx = GPT(cfg), torch.randint(cfg.vocab_size, (b, s))
+    with FlopCounterMode(display=False) as counter:
+        _, loss = model(idx, idx)
+        loss.backward()
+    assert counter.get_total_flops() == gpt_train_flops(cfg, b, s)
+    for shape, seq in ((cfg, s), (GPT3_175B, 2048)):
+        head = selective_headline(shape, 1, seq)
+        layer_step = gpt_train_flops(replace(shape, n_layer=1, vocab_size=0), 1, seq)
+        assert head["flops_over_step"] == head["extra_flops"] / layer_step
