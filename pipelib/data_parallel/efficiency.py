@@ -14,7 +14,8 @@ bandwidth. `ddp_step_model(..., overlap=True)` gives step 3's: the buckets' all-
 a contention-free lane while backward goes on, each starting when its bucket is ready (backward
 taken to produce the gradients in proportion to their parameters, in backward's order) and in
 bucket order; only what outlasts backward is exposed. `scaled_profile(..., mfu=0.45)` gives a
-device at a realistic share of its peak (model FLOPs utilisation).
+device at a realistic share of its peak (model FLOPs utilisation). `overhead_breakdown` puts
+both beside the closed form below, term by term.
 
 The bandwidth term of comm / compute is (2(N-1)/N 4 psi / beta) / (6 psi T / F): psi cancels.
 What DDP's overhead depends on is *tokens per rank per step* (T) against the device's FLOPs per
@@ -175,11 +176,61 @@ def crossover_params(tokens: int, profile, n: int = 2, buckets: int = 1, itemsiz
 
 def crossover_tokens(profile, n: int = 2, itemsize: int = 4, overlap: bool = False) -> float:
     """The global batch (tokens) below which n ranks lose to one at *every* model size, from
-    the bandwidth alone: 2 (n-1)/n itemsize F / beta over 6 (1 - 1/n) without overlap
-    (4F / (3 beta) on 2 ranks, any n), over 6 - 2/n with ideal overlap (4F / (5 beta) on 2)."""
+    the bandwidth alone: 2 (n-1)/n itemsize F / beta over the compute saved per token and
+    parameter. Without overlap that is 6 (1 - 1/n): itemsize F / (3 beta), 4F / (3 beta) for
+    4-byte gradients, whatever n. With ideal overlap it is 6 - 2/n: 4 (n-1) / (3n - 1) F / beta
+    for 4-byte gradients, 4F / (5 beta) on 2 ranks."""
     p = get_profile(profile)
     compute = 6 * (1 - 1 / n) if not overlap else 6 - 2 / n
     return 2 * (n - 1) / n * itemsize * p.flops / p.link.beta / compute
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """What data parallelism adds to one rank's compute (waited communication / compute), taken
+    apart. `plain` and `overlapped`: the step model without and with step 3's overlap. The
+    closed form's two terms, each over the compute 6 psi T / F: `bandwidth`, the ring's
+    2 (N-1)/N 4 psi / beta (psi cancels: (4/3) (N-1)/N (F / beta) / T), and
+    `latency`, 2 (N-1) alpha per bucket. The step model counts the GPT's own FLOPs, so
+    plain.overhead x `flops_over_6psit` = bandwidth + latency exactly (to rounding).
+    `tail`: seconds of the last two buckets' all-reduces, the last one ready only when backward
+    ends: when the lane has kept up with backward until the next-to-last bucket, step 3 exposes
+    at least the last and at most these two."""
+
+    plain: DDPStep
+    overlapped: DDPStep
+    bandwidth: float
+    latency: float
+    buckets: int
+    tail: tuple[float, float]
+    flops_over_6psit: float
+    flops_per_link_byte: float
+
+
+def overhead_breakdown(cfg, tokens: float, n: int, profile, *, bucket_bytes: int = 25 << 20) -> Overhead:
+    """The DDP overhead of the GPT `cfg` at `tokens` tokens per rank and step on n ranks of
+    `profile` (a real device; on paper, one sequence on a device tokens / cfg.block_size times
+    slower: `scaled_profile`), with the closed form beside it (`Overhead`). Chapter 07's milestone."""
+    p = get_profile(profile)
+    if not tokens > 0:
+        raise ValueError(f"overhead_breakdown: tokens={tokens!r}; pass the tokens per rank and step (> 0)")
+    one = scaled_profile(p, tokens / cfg.block_size)  # one sequence timed as `tokens` tokens
+    plain = ddp_step_model(cfg, 1, n, one, bucket_bytes=bucket_bytes)
+    overlapped = ddp_step_model(cfg, 1, n, one, bucket_bytes=bucket_bytes, overlap=True)
+    shapes = gpt_param_shapes(cfg)
+    numels = [_prod(s) for s in shapes.values()]
+    psi = sum(numels)
+    plan = plan_buckets(list(zip(shapes, numels)), bucket_bytes, 4)  # ddp_step_model's buckets
+    last = [all_reduce_time([b.numel], n, p) if n > 1 else 0.0 for b in plan[-2:]]
+    compute = 6 * psi * tokens / p.flops
+    return Overhead(
+        plain, overlapped,
+        bandwidth=2 * (n - 1) / n * 4 * psi / p.link.beta / compute,
+        latency=len(plan) * 2 * (n - 1) * p.link.alpha / compute,
+        buckets=len(plan),
+        tail=tuple([0.0] * (2 - len(last)) + last),
+        flops_over_6psit=gpt_train_flops(cfg, 1, cfg.block_size) / (6 * psi * cfg.block_size),
+        flops_per_link_byte=p.flops_per_link_byte)
 
 
 def step_parts(trace, rank: int = 0) -> dict:

@@ -156,3 +156,45 @@ def test_simulated_overlap_between_the_bounds(cluster4):
         t = res[0].times[0]
         assert flat.forward + max(flat.backward, flat.comm) + flat.optimizer <= t * (1 + 1e-9)
         assert t <= flat.step * (1 + 1e-9)
+
+
+def test_overhead_breakdown_is_the_closed_form():
+    """Chapter 07's milestone on paper: the step model's overhead, times the GPT's FLOPs over
+    6 psi T, is the closed form's bandwidth term plus its latency term, to rounding."""
+    from pipelib.data_parallel.buckets import plan_buckets
+    from pipelib.data_parallel.efficiency import overhead_breakdown
+    from pipelib.memory import gpt_param_shapes
+
+    prof = scaled_profile("h100-pcie-cluster", 1, "pcie5")
+    o = overhead_breakdown(BIG, 49152, 2, prof)
+    run = ddp_step_model(BIG, 8, 2, scaled_profile("h100-pcie-cluster", 192, "pcie5"))   # 8 x 32 tokens, 192 x slower
+    assert o.plain.overhead == pytest.approx(run.overhead, rel=1e-12)
+    assert o.plain.overhead * o.flops_over_6psit == pytest.approx(o.bandwidth + o.latency, rel=1e-12)
+    assert o.bandwidth == pytest.approx(4 / 3 * 1 / 2 * 15_120 / 49152) and o.flops_per_link_byte == 15_120
+    assert o.flops_over_6psit > 1           # attention's FLOPs outweigh the position embedding's none
+    sizes = [(k, int(torch_prod(s))) for k, s in gpt_param_shapes(BIG).items()]
+    plan = plan_buckets(sizes, 25 << 20)
+    assert o.buckets == len(plan) and o.tail[1] == all_reduce_time([plan[-1].numel], 2, prof)
+    assert o.tail[1] <= o.overlapped.exposed <= o.plain.comm
+    # psi cancels in the bandwidth term; (N-1)/N grows it by 3/2 from 2 to 4 ranks; 4 x fewer tokens, 4 x
+    other = GPTConfig(vocab_size=64, block_size=32, n_layer=12, n_head=4, n_embd=768)
+    assert overhead_breakdown(other, 49152, 2, prof).bandwidth == pytest.approx(o.bandwidth)
+    assert overhead_breakdown(BIG, 49152, 4, prof).bandwidth == pytest.approx(1.5 * o.bandwidth)
+    assert overhead_breakdown(BIG, 49152 / 4, 2, prof).plain.overhead == pytest.approx(4 * o.plain.overhead)
+    one = overhead_breakdown(CFG, 512, 2, prof)                  # CFG fits one bucket: nothing before it
+    assert one.buckets == 1 and one.tail[0] == 0.0 and one.overlapped.exposed == pytest.approx(one.tail[1])
+    alone = overhead_breakdown(BIG, 49152, 1, prof)
+    assert alone.plain.comm == 0 and alone.tail == (0.0, 0.0) and alone.bandwidth == 0
+    with pytest.raises(ValueError, match="tokens=0"):
+        overhead_breakdown(BIG, 0, 2, prof)
+
+
+def test_crossover_tokens_for_any_n():
+    """Without overlap 4F/(3 beta) whatever n; with ideal overlap 4(n-1)/(3n-1) F/beta."""
+    from pipelib.data_parallel.efficiency import crossover_tokens
+
+    p = scaled_profile("h100", 1, "nvlink4")
+    for n in (2, 3, 4, 8, 64):
+        assert crossover_tokens(p, n) == pytest.approx(4 / 3 * p.flops_per_link_byte)
+        assert crossover_tokens(p, n, overlap=True) == pytest.approx(4 * (n - 1) / (3 * n - 1) * p.flops_per_link_byte)
+    assert crossover_tokens(p, 2, itemsize=2) == pytest.approx(crossover_tokens(p, 2) / 2)
