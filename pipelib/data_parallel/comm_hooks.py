@@ -9,8 +9,9 @@ pipelib's bucketed steps take one by name (`comm_hook="bf16"`) or as a `CommHook
   fp16 magnitude near 65,504 overflow when summed, their N-th parts do not;
 - ``"bf16"``: torch's `default_hooks.bf16_compress_hook`: the fp32 bucket cast to bfloat16,
   divided by N, all-reduced in bf16 (half the bytes on the wire), cast back into the fp32
-  bucket. The sum is rounded to bf16's 8 significant bits, so the averaged gradient differs
-  from the fp32 one by about 2^-8 of its size;
+  bucket. Each element is rounded to bf16's 8 significant bits once in the cast and once per
+  ring addition, up to N roundings of 2^-8 each: the averaged gradient differs from the fp32
+  one by at most about N 2^-8 of the ranks' mean |g| (chapter 07 derives and checks the bound);
 - ``"fp16"``: the same with float16 (`fp16_compress_hook`): more bits, less range.
 
 Not built here, named for the reader: PowerSGD (Vogels et al. 2019, `powerSGD_hook`: each

@@ -75,8 +75,9 @@ def zero_bubble_h2(p: int, m: int) -> Schedule:
     flight; W of its oldest pending I. Rank 0 thus starts F0..F(2p-2), I0, W0, as the paper's
     Figure 3 (F1..F7, B1, W1 for p = 4) and its peak of (2p-1) M_B (Table 2); the rule then runs
     I1 before F(2p-1), because that gradient is already there (the figure puts F8 before B2):
-    the same peak and the same parallelogram. A limit of 2p would admit F(2p-1) before W0 and
-    hold one microbatch more for no less idle time. torch.distributed.pipelining has no ZB-H2.
+    the same peak and the same parallelogram, and with m >= 2p-1 no rank idles inside its own
+    span (chapter 13 measures it), so a larger limit could only hold more microbatches: it could
+    not remove idle time that is not there. torch.distributed.pipelining has no ZB-H2.
     """
     check_sizes(zero_bubble_h2, p, m)
     limit, done = 2 * p - 1, set()
