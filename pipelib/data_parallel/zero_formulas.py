@@ -43,9 +43,16 @@ gradient and two moments and writes the parameter and the moments, 28 bytes per 
 (`adam_bytes_moved`, plus the 16-bit copy it writes in mixed precision): memory-bound, and N
 times less per rank from stage 1 on, since each rank updates psi / N elements.
 
+`zero3_times` is ZeRO-3's step against stage 0 on a simulated device (alpha-beta link, roofline
+compute) for an MLP of Linear layers, one unit per layer: the time ZeRO-3 adds, what prefetching
+and `reshard_after_forward=False` take off again. Chapter 08 checks it against the virtual clock.
+
 Introduced in chapter 08.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from pipelib.checks import check_int
 from pipelib.memory import ModelStateBytes
@@ -129,3 +136,62 @@ def hsdp_comm_bytes(psi: int, shard: int, replicas: int, stage: int = 3, mixed_p
 def milestone_table(psi: int, world_size: int, mixed_precision: bool = True, unit: float = 1e9) -> dict:
     """{stage: total bytes per rank / unit} for stages 0-3: seed 003's "1.6 / 0.9 / 0.8 GB"."""
     return {s: zero_state_bytes(psi, world_size, s, mixed_precision).total / unit for s in STAGES}
+
+
+@dataclass(frozen=True)
+class ZeRO3Times:
+    """Seconds of one ZeRO-3 step's parts on a simulated device (`zero3_times`): per layer, its
+    ring all-gather (`gathers`) and its forward (`forwards`); Adam over every element (stage 0)
+    and over this rank's 1/N (stage 3)."""
+
+    gathers: tuple[float, ...]
+    forwards: tuple[float, ...]
+    adam_full: float
+    adam_shard: float
+
+    @property
+    def extra(self) -> float:
+        """ZeRO-3's step minus stage 0's, one micro-batch: stage 0 all-reduces each layer (a
+        reduce-scatter and an all-gather), ZeRO-3 reduce-scatters it and gathers it twice, in
+        forward and in backward: one more all-gather per layer, less Adam's saving."""
+        return sum(self.gathers) - (self.adam_full - self.adam_shard)
+
+    @property
+    def no_reshard_saves(self) -> float:
+        """What `reshard_after_forward=False` takes off ZeRO-3's step: backward gathers nothing."""
+        return sum(self.gathers)
+
+    @property
+    def prefetch_saves(self) -> float | None:
+        """What `prefetch=True` takes off ZeRO-3's step when every prefetched gather is hidden:
+        all gathers but the first of each pass. Layer i+1's gather runs during layer i's forward
+        and layer i-1's during layer i's backward (dX and dW: twice its forward; the first
+        layer's input needs no gradient, but nothing is gathered behind its backward). None
+        where a gather outlasts the compute it hides behind: partly hidden, the lane's queue
+        decides, and only the clock can tell."""
+        g, f = self.gathers, self.forwards
+        ahead = all(f[i] >= g[i + 1] for i in range(len(g) - 1))
+        behind = all(2 * f[i] >= g[i - 1] for i in range(1, len(g)))
+        return sum(g[1:]) + sum(g[:-1]) if ahead and behind else None
+
+
+def zero3_times(dims: Sequence[int], rows: int, world_size: int, profile, mixed_precision: bool = False,
+                bias: bool = True) -> ZeRO3Times:
+    """ZeRO-3 against stage 0 for an MLP whose layer i maps dims[i] -> dims[i + 1] (`MLPConfig.dims`),
+    `rows` rows per rank, on `profile` (a `pipelib.costmodel.DeviceProfile`: alpha + bytes / beta
+    per message, roofline compute), the way `zero_train` times it: one unit per layer padded to a
+    multiple of N, each gather (N-1) ring steps of one shard; a forward 2 x rows x in x out FLOPs
+    (matmuls only: bias, ReLU and the loss count no FLOPs); Adam `adam_bytes_moved` of the padded
+    elements a rank updates. Introduced in chapter 08."""
+    n = check_int(world_size, "world_size", context="zero3_times", hint="ranks of the data-parallel group")
+    check_int(rows, "rows", context="zero3_times", hint="rows per rank")
+    if len(dims) < 2:
+        raise ValueError(f"zero3_times: dims={list(dims)} has no layer; give [in, hidden..., out]")
+    shapes = list(zip(dims[:-1], dims[1:]))
+    p, _, _ = element_bytes(mixed_precision)
+    units = [i * o + (o if bias else 0) for i, o in shapes]
+    padded = [-(-u // n) * n for u in units]
+    gathers = tuple((n - 1) * profile.link.time(p * u // n) for u in padded)
+    forwards = tuple(profile.compute_time(flops=2 * rows * i * o) for i, o in shapes)
+    adam = [profile.compute_time(nbytes=adam_bytes_moved(sum(padded) // k, mixed_precision)) for k in (1, n)]
+    return ZeRO3Times(gathers, forwards, adam[0], adam[1])

@@ -1,10 +1,12 @@
-"""ZeRO's formulas (pure): the paper's numbers, seed 003's milestone, padding, errors, figures."""
+"""ZeRO's formulas: the paper's numbers, seed 003's milestone, padding, errors, figures (pure);
+ZeRO-3's timing model against the virtual clock (one cluster test)."""
 import pytest
 
 from pipelib.data_parallel.zero_formulas import (
     check_stage,
     milestone_table,
     padded_numel,
+    zero3_times,
     zero_comm_bytes,
     zero_state_bytes,
 )
@@ -86,3 +88,38 @@ def test_family_table():
     assert root_unsharded_bytes(128_000, 8192) == 2_097_152_000  # about 2 GB in bf16
     with pytest.raises(ValueError, match="multiple of node_size=8"):
         zero_family(12, 8)
+
+
+def test_zero3_timing_model_says_when_prefetch_hides_everything():
+    from pipelib.costmodel import get_profile
+
+    toy = get_profile("toy-gpu")
+    short, long = (zero3_times([256, 256, 256], rows, 4, toy) for rows in (8, 32))
+    assert short.forwards[0] < short.gathers[0] and short.prefetch_saves is None  # partly hidden: no claim
+    assert long.forwards[0] > long.gathers[0] and long.prefetch_saves == 2 * long.gathers[0]
+    assert short.extra == long.extra  # the gathers and Adam do not depend on the rows
+    assert long.adam_full == 4 * long.adam_shard and long.no_reshard_saves == sum(long.gathers)
+    with pytest.raises(ValueError, match="has no layer"):
+        zero3_times([256], 32, 4, toy)
+
+
+@pytest.mark.cluster
+@pytest.mark.usefixtures("one_thread")
+def test_zero3_timing_model_against_the_clock(cluster4):
+    """Three layers of different sizes, one not divisible by 4 (padding): the clock's ZeRO-3
+    step minus stage 0's, and what prefetch and reshard_after_forward=False take off, equal
+    `zero3_times` to rounding (the virtual clock adds the same terms)."""
+    from pipelib.costmodel import get_profile
+    from pipelib.data_parallel.zero_runner import train_zero
+
+    spec = dict(kind="mlp", in_features=128, hidden=250, out_features=64, num_layers=3)
+    n, rows = 4, 64
+    model = zero3_times([128, 250, 250, 64], rows, n, get_profile("toy-gpu"))
+    assert model.prefetch_saves is not None  # every layer computes longer than its neighbours' gathers
+    t = {}
+    for name, stage, kw in (("stage 0", 0, {}), ("ZeRO-3", 3, {}), ("prefetch", 3, {"prefetch": True}),
+                            ("no reshard", 3, {"reshard_after_forward": False})):
+        t[name] = train_zero(cluster4, spec, stage, world_size=n, steps=1, batch=rows * n, **kw)[0].times[0]
+    assert t["ZeRO-3"] - t["stage 0"] == pytest.approx(model.extra, abs=1e-9)
+    assert t["ZeRO-3"] - t["prefetch"] == pytest.approx(model.prefetch_saves, abs=1e-9)
+    assert t["ZeRO-3"] - t["no reshard"] == pytest.approx(model.no_reshard_saves, abs=1e-9)
