@@ -28,18 +28,24 @@ a function of c alone, so from two ranks on the longest context grows exactly n-
 inside one block's compute are not counted (a model of an allocator, not one).
 
 Grouped-query attention (`kv_heads` < heads): K/V blocks and their bytes scale with H_kv, the
-compute with H, so the crossover shrinks by H_kv / H.
+compute with H, so without alpha the crossover shrinks by exactly H_kv / H. alpha lengthens
+every crossover, a short one's most (the root of a c^2 = alpha + b c lies above b / a, the
+further the smaller b), so with it the ratio lies between H_kv / H and H_kv / H times the
+stretch alpha gives the grouped-query crossover itself.
 
-`overlap_stats` reads how much transfer time a measured trace hid behind compute.
+`overlap_stats` reads how much transfer time a measured trace hid behind compute, `forward_wait`
+how long the ring's forward waited for its blocks.
 
 Pure: no torch. Introduced in chapter 17.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipelib.context_parallel.layouts import layout_info
+from pipelib.trace import Kind
 
 
 def grad_width(itemsize: int) -> int:
@@ -166,13 +172,26 @@ def ring_peak_bytes(batch: int, heads: int, shard_len: int, head_dim: int, items
 
 
 def max_shard_len(capacity: int, batch: int, heads: int, head_dim: int, itemsize: int,
-                  layout: str = "zigzag", step: int = 2, tile: int | None = None, **kw) -> int:
-    """The longest shard (a multiple of `step`) whose `ring_peak_bytes` fits in `capacity`
-    (`kw`: kv_heads, ranks)."""
+                  layout: str = "zigzag", step: int = 2, tile: int | None = None,
+                  count: Callable[[RingMemory], int] | None = None, **kw) -> int:
+    """The longest shard (a multiple of `step`) whose `ring_memory` fits in `capacity`: all of it
+    (`RingMemory.total`, the default), or what `count` takes from it, to see what a shorter list
+    of buffers would promise (`kw`: kv_heads, ranks)."""
+    def need(c: int) -> int:
+        m = ring_memory(batch, heads, c, head_dim, itemsize, layout, tile, **kw)
+        return m.total if count is None else count(m)
+
     c = step
-    while ring_peak_bytes(batch, heads, c + step, head_dim, itemsize, layout, tile, **kw) <= capacity:
+    while need(c + step) <= capacity:
         c += step
     return c
+
+
+def forward_wait(trace) -> float:
+    """Seconds the ranks of a measured `Trace` waited, all added, for K/V blocks of the ring's
+    forward (its receives are labelled "ring_attention forward ..."; `ring.RingAttention`)."""
+    return sum(e.duration for e in trace.filter(kind=Kind.RECV_WAIT).events
+               if e.label.startswith("ring_attention forward "))
 
 
 def overlap_stats(trace, rank: int | None = None) -> dict:
@@ -182,8 +201,8 @@ def overlap_stats(trace, rank: int | None = None) -> dict:
     ranks = range(trace.world_size) if rank is None else [rank]
     rows = []
     for r in ranks:
-        transfer = sum(e.duration for e in trace.events if e.rank == r and e.kind.value == "transfer")
-        waited = sum(e.duration for e in trace.events if e.rank == r and e.kind.value == "recv-wait")
+        transfer = sum(e.duration for e in trace.events if e.rank == r and e.kind == Kind.TRANSFER)
+        waited = sum(e.duration for e in trace.events if e.rank == r and e.kind == Kind.RECV_WAIT)
         busy = trace.busy(r)
         rows.append({"rank": r, "transfer": transfer, "waited": waited, "compute": busy,
                      "hidden": 1 - waited / transfer if transfer else 1.0,

@@ -9,7 +9,10 @@ shards, so ring time / its time is the ring's overhead (`time_alone` times it on
 once, under the same core sharing as the ring; `time_rank_alone` in this process). Predicted
 times (alpha-beta and roofline, for a device profile) are the registry's: `variants.Variant.predicted_time`.
 
-Introduced in chapter 17 (its benchmark).
+`ring_overlap` is the simulated clock's side: one ring step on the book's cluster, from fresh
+clocks, and what its trace says about overlap (`costs.overlap_stats`, `costs.forward_wait`).
+
+Introduced in chapter 17 (its overlap sections, its exercise and its benchmark).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from pipelib.context_parallel.blockwise import attend_pieces, attend_pieces_backward, merge_partials
+from pipelib.context_parallel.costs import forward_wait, overlap_stats
 from pipelib.context_parallel.partition import shard_pieces, split_sequence
 from pipelib.context_parallel.step import attention_inputs, attention_step
 from pipelib.context_parallel.variants import variant_info
@@ -92,3 +96,16 @@ def time_rank_alone(seq_len: int, n: int, rank: int = 0, repeats: int = 3, **kw)
         if i:
             times.append(time.perf_counter() - t0)
     return times
+
+
+def ring_overlap(cluster, shard_len: int, *, heads: int, head_dim: int, dtype=torch.float32,
+                 kv_heads: int | None = None, layout: str = "zigzag") -> dict:
+    """One causal ring step of `shard_len` rows per rank on every engine of `cluster` (a
+    `pipelib.Cluster`), every clock reset first so the trace holds this step only: the seconds
+    its forward waited for K/V blocks, all ranks added (`costs.forward_wait`), and the worst
+    rank's `costs.overlap_stats` (transfer, waited, hidden, step_over_compute)."""
+    cluster.reset()
+    cluster.run(attention_step, "ring", cluster.world_size * shard_len, heads=heads, head_dim=head_dim,
+                layout=layout, dtype=dtype, kv_heads=kv_heads)
+    trace = cluster.trace()
+    return {"shard_len": shard_len, "forward_wait": forward_wait(trace), **overlap_stats(trace)}
