@@ -15,8 +15,7 @@ causal zigzag) at 4 B H D FLOPs each, while one K/V block of 2N bytes crosses th
 transfer hides behind compute when 4 B H D c^2 / F >= alpha + 2 B H c D i / beta; ignoring
 alpha, when c >= c* = i F / (2 beta): the crossover shard length depends only on the device's
 FLOP/s per link byte (`DeviceProfile.flops_per_link_byte`) and the element size, not on B, H
-or D (for multi-head attention). For an H100 over NVLink in bf16 that is about 2,200 rows;
-over PCIe, 20,000.
+or D (for multi-head attention). Chapter 17 prints it for an H100 over NVLink and over PCIe.
 
 Memory, as the memory tracker counts it (`ring.held`: the saved tensors measured, the working
 buffers declared by size): a ring rank holds its shard's Q, K, V, O and lse for backward; during
@@ -120,7 +119,7 @@ def crossover_shard_len(flops: float, alpha: float, beta: float, batch: int, hea
                         itemsize: int, pairs_share: float = 1.0, kv_heads: int | None = None) -> float:
     """The shard length c at which one ring step's compute (pairs_share c^2 visible pairs, 4 B H D
     FLOPs each, at `flops` FLOP/s) equals one K/V block's message time alpha + 2 B H_kv c D i / beta.
-    Without alpha, c* = i F / (4 pairs_share beta) * H_kv / H: grouped-query attention moves
+    Without alpha, c* = i F / (2 pairs_share beta) * H_kv / H: grouped-query attention moves
     H_kv heads while computing over H, so its crossover is H_kv / H of multi-head attention's."""
     a = pairs_share * 4 * batch * heads * head_dim / flops     # a c^2 = alpha + b c
     b = 2 * batch * (kv_heads or heads) * head_dim * itemsize / beta
