@@ -35,7 +35,7 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel.distributed import _DEFAULT_BUCKET_CAP_MB
+import torch.nn.parallel.distributed as torch_ddp
 
 from pipelib.data_parallel.buckets import check_bucket_bytes, plan_buckets
 from pipelib.data_parallel.comm_hooks import comm_hook as comm_hook_of
@@ -43,9 +43,9 @@ from pipelib.data_parallel.overlap import BackwardTimer, CommStream, check_comm,
 from pipelib.data_parallel.replicas import check_same_parameters
 from pipelib.runtime.device import current
 
-# torch's DistributedDataParallel defaults, read from torch (25 MiB, and a 1 MiB first bucket)
-DEFAULT_BUCKET_BYTES = int(_DEFAULT_BUCKET_CAP_MB * 2**20)
-FIRST_BUCKET_BYTES = int(dist._DEFAULT_FIRST_BUCKET_BYTES)
+# torch's DDP defaults, 25 MiB and a 1 MiB first bucket: named in torch 2.13, inline in older torch
+DEFAULT_BUCKET_BYTES = int(getattr(torch_ddp, "_DEFAULT_BUCKET_CAP_MB", 25) * 2**20)
+FIRST_BUCKET_BYTES = int(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 1 << 20))
 
 
 class AllReduceGrads:

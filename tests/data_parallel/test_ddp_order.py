@@ -12,12 +12,14 @@ from pipelib.runtime.errors import RankError
 
 def test_defaults_are_torchs():
     import torch.distributed as dist
-    from torch.nn.parallel.distributed import _DEFAULT_BUCKET_CAP_MB
+    import torch.nn.parallel.distributed as torch_ddp
 
     from pipelib.data_parallel.ddp import DEFAULT_BUCKET_BYTES, FIRST_BUCKET_BYTES
 
-    assert DEFAULT_BUCKET_BYTES == _DEFAULT_BUCKET_CAP_MB * 2**20 == 25 * 2**20
-    assert FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES == 2**20
+    # torch 2.13 (the pin) names them; older torch (2.11 on GPU images) writes 25 and 1 MiB inline
+    cap, first = getattr(torch_ddp, "_DEFAULT_BUCKET_CAP_MB", 25), getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)
+    assert DEFAULT_BUCKET_BYTES == cap * 2**20 == 25 * 2**20
+    assert FIRST_BUCKET_BYTES == first == 2**20
 
 
 @pytest.mark.parametrize("seed", range(5))
