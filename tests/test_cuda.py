@@ -64,15 +64,16 @@ def test_ddp_on_cuda_keeps_gradients_on_the_gpu(nccl):
     assert all(p.grad.is_cuda for p in model.parameters())
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_zero_on_cuda_keeps_its_buffers_on_the_gpu_and_equals_adam(nccl, stage):
+@pytest.mark.parametrize("stage, options", [(1, {}), (2, {}), (3, {}), (3, {"prefetch": True}),
+                                            (3, {"reshard_after_forward": False})])
+def test_zero_on_cuda_keeps_its_buffers_on_the_gpu_and_equals_adam(nccl, stage, options):
     from pipelib.data_parallel.zero import ZeRO
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).cuda()
     ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).cuda()
     ref.load_state_dict(model.state_dict())
-    zero = ZeRO(model, None, stage, optimizer=torch.optim.Adam, lr=1e-2)
+    zero = ZeRO(model, None, stage, optimizer=torch.optim.Adam, lr=1e-2, **options)
     opt = torch.optim.Adam(ref.parameters(), lr=1e-2)
     x = torch.randn(4, 8, device="cuda")
     for _ in range(2):
@@ -88,6 +89,23 @@ def test_zero_on_cuda_keeps_its_buffers_on_the_gpu_and_equals_adam(nccl, stage):
     full = zero.full_parameters()
     for name, p in ref.named_parameters():
         torch.testing.assert_close(full[name].cuda(), p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_ddp_bf16_hook_on_cuda_rounds_each_gradient_to_bf16(nccl):
+    from pipelib.data_parallel.ddp import BucketedGrads
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).cuda()
+    x = torch.randn(4, 8, device="cuda")
+    model(x).square().mean().backward()
+    want = [p.grad.bfloat16().float() for p in model.parameters()]  # one rank: the sum is the cast
+    model.zero_grad(set_to_none=True)
+    ddp = BucketedGrads(model, None, bucket_bytes=256, comm="gloo", comm_hook="bf16")
+    ddp.backward(model(x).square().mean())
+    ddp.finish_gradients()
+    ddp.close()
+    for p, w in zip(model.parameters(), want):
+        assert p.grad.is_cuda and torch.equal(p.grad, w)
 
 
 def test_parallelize_with_zero_on_cuda(nccl):
