@@ -7,7 +7,8 @@ import pytest
 
 from pipelib.costmodel import PROFILES
 from pipelib.model import GPTConfig
-from pipelib.planner.book import book_memory, book_step_time, to_plan
+from pipelib.planner.book import to_plan
+from pipelib.planner.search import evaluate
 from pipelib.planner.spec import Machine, ModelSpec
 from pipelib.planner.strategy import Strategy, check_strategy
 from pipelib.recipe import Recipe
@@ -38,7 +39,6 @@ def test_prediction_within_5_percent_of_memory_and_10_of_time(cluster4, strategy
     results = run(cluster4, Recipe(GPT, batch_size=BATCH, steps=2, lr=1e-3), to_plan(strategy, m))
     peak = max(r.peak_bytes for r in results)          # the fullest rank, from the second step on
     time = max(r.times[-1] for r in results)           # the slowest rank's step
-    memory = sum(book_memory(SPEC, strategy, m).values())
-    seconds = sum(book_step_time(SPEC, MACHINE, strategy, m).values())
-    assert abs(memory / peak - 1) < 0.05, (memory, peak)
-    assert abs(seconds / time - 1) < 0.10, (seconds, time)
+    predicted = evaluate(SPEC, MACHINE, 4, BATCH, strategy, accounting="book")
+    assert abs(predicted.memory_bytes / peak - 1) < 0.05, (predicted.memory, peak)
+    assert abs(predicted.step_time / time - 1) < 0.10, (predicted.time, time)

@@ -3,23 +3,46 @@
     best = search(GPT3_175B, machine, 1024, 1536)[:5]           # feasible, fastest first
     print(explain(best[0]))
 
-A `Candidate` holds the layout, bytes per rank itemised (`planner.memory`), exposed seconds per
-step itemised (`planner.timing`), MFU (the model's FLOPs per second over the devices' dense
-peak, `ModelSpec.model_flops_per_token`), tokens per second, and whether it fits, with why
-not in words. Pure: thousands of strategies a second. Introduced in chapter 15.
+A `Candidate` holds the strategy, bytes per rank itemised, exposed seconds per step itemised,
+by one of two accountings (`ACCOUNTINGS`): "megatron", a production run in bf16 mixed
+precision (`planner.memory`, `planner.timing`), or "book", the book's own fp32 runs on
+simulated devices (`planner.book`, checked against the cluster); MFU (the model's FLOPs per
+second over the devices' dense peak, `ModelSpec.model_flops_per_token`), tokens per second,
+and whether it fits, with why not in words. Pure: thousands of strategies a second. Introduced in chapter 15.
 """
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from pipelib.pipeline.schedules.registry import schedule_info
-from pipelib.planner.strategy import ORDER, Strategy, check_strategy, planned_schedules
-from pipelib.recompute.registry import POLICIES, policy_info
+from pipelib.planner.book import book_memory, book_step_time
 from pipelib.planner.memory import memory
 from pipelib.planner.spec import Machine, ModelSpec
+from pipelib.planner.strategy import ORDER, Strategy, check_strategy, planned_schedules
 from pipelib.planner.timing import step_time
+from pipelib.recompute.registry import POLICIES, policy_info
 
+
+@dataclass(frozen=True)
+class Accounting:
+    """How a strategy's bytes and seconds are counted: (model, strategy, m) -> {item: bytes} and
+    (model, machine, strategy, m) -> {item: seconds}."""
+
+    name: str
+    memory: Callable
+    step_time: Callable
+    about: str
+
+
+ACCOUNTINGS = MappingProxyType({a.name: a for a in (
+    Accounting("megatron", memory, step_time, "a production run: bf16 mixed precision, Adam's 12 bytes, "
+               "Korthikanti et al.'s 16-bit activations, overlapped data-parallel reduction"),
+    Accounting("book", book_memory, book_step_time, "the book's fp32 runs of pipelib's GPT on simulated "
+               "devices, nothing overlapped (checked against trainer.run)"),
+)})
 
 RECOMPUTE_PLANNED = tuple(p for p in POLICIES if not policy_info(p).chooses_k)  # none, full, selective
 
@@ -48,11 +71,16 @@ def mfu(model: ModelSpec, machine: Machine, tokens_per_s: float, n_devices: int)
     return model.model_flops_per_token() * tokens_per_s / (n_devices * machine.device.flops)
 
 
-def evaluate(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, layout: Strategy) -> Candidate:
-    """One layout's memory, step time, MFU and throughput; ValueError if it cannot run at all
-    (`check_strategy`), `feasible=False` with the overflow itemised if it does not fit."""
+def evaluate(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int, layout: Strategy, *,
+             accounting: str = "megatron") -> Candidate:
+    """One strategy's memory, step time, MFU and throughput under an `ACCOUNTINGS` entry;
+    ValueError if it cannot run at all (`check_strategy`), `feasible=False` with the overflow
+    itemised if it does not fit."""
+    if accounting not in ACCOUNTINGS:
+        raise ValueError(f"evaluate: accounting={accounting!r}; use one of {list(ACCOUNTINGS)}")
     m = check_strategy(model, n_devices, global_batch, layout)
-    mem, time = memory(model, layout, m), step_time(model, machine, layout, m)
+    acc = ACCOUNTINGS[accounting]
+    mem, time = acc.memory(model, layout, m), acc.step_time(model, machine, layout, m)
     total = sum(time.values())
     tokens = global_batch * model.seq_len / total
     need, have = sum(mem.values()), machine.device.memory
