@@ -11,7 +11,8 @@ this is the one place that sees the whole mesh; each strategy gets only its own 
 1. pipeline: cut the model into `pp` stages between blocks (`pipeline.gpt.gpt_stages`) and keep
    this rank's (its pp coordinate);
 2. tensor (and sequence) parallelism on `mesh["tp"]` (`apply_tensor_parallel`);
-3. context parallelism on `mesh["cp"]` (chapter 15 adds it to the whole model);
+3. context parallelism on `mesh["cp"]` (`context_parallel.apply`: ring attention, global
+   positions, each rank's columns; gradients averaged over cp before dp reduces them);
 4. activation recomputation (`apply_recompute`, no group);
 5. data parallelism over `mesh["dp"]`: one `DATA_PARALLEL` entry (DDP's buckets, or ZeRO 1-3
    with its optimizer over this rank's shards; `pipelib.data_parallel.kinds`) wraps each
@@ -33,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from pipelib.data_parallel.kinds import DATA_PARALLEL, Owned
+from pipelib.recompute.registry import policy_info
 from pipelib.topology import DEFAULT_ORDER, Topology
 
 
@@ -58,9 +60,12 @@ class Plan:
         self.topology()  # degrees and order checked, errors name the values
         if self.data_parallel not in DATA_PARALLEL:
             raise ValueError(f"Plan: data_parallel={self.data_parallel!r}; use one of {list(DATA_PARALLEL)}")
-        if self.cp > 1:
-            raise ValueError(f"Plan: cp={self.cp}: context parallelism of the whole model is not composed "
-                             f"yet (chapter 17 runs it on attention alone); use cp=1")
+        if self.cp > 1 and (self.pp > 1 or self.sequence_parallel or not policy_info(self.recompute).keeps_all
+                            or not DATA_PARALLEL[self.data_parallel].microbatched):
+            raise ValueError(f"Plan: cp={self.cp} composes with dp and tp, not yet with pp={self.pp}, "
+                             f"sequence_parallel={self.sequence_parallel}, recompute={self.recompute!r} or "
+                             f"data_parallel={self.data_parallel!r} (it must reduce after the backward: 'ddp' "
+                             f"or 'zero1'); use those with cp=1")
         if self.pp > 1 and not DATA_PARALLEL[self.data_parallel].microbatched:
             raise ValueError(f"Plan: data_parallel={self.data_parallel!r} with pp={self.pp}: it reduces each "
                              f"gradient as backward produces it, once per microbatch; use 'ddp' or 'zero1' "
@@ -83,8 +88,11 @@ class Plan:
         if self.dp > 1 and DATA_PARALLEL[self.data_parallel].shards_optimizer and recipe.dtype != torch.float32:
             raise ValueError(f"Plan: data_parallel={self.data_parallel!r} keeps fp32 flat buffers, but the recipe's "
                              f"dtype is {recipe.dtype}; use Recipe(dtype=torch.float32) or data_parallel='ddp'")
-        if (self.tp > 1 or self.pp > 1) and not isinstance(recipe.model, GPTConfig):
-            raise ValueError("Plan: tp and pp split the GPT's blocks; use a GPTConfig recipe")
+        if (self.tp > 1 or self.pp > 1 or self.cp > 1) and not isinstance(recipe.model, GPTConfig):
+            raise ValueError("Plan: tp, pp and cp split the GPT's blocks or its sequence; use a GPTConfig recipe")
+        if self.cp > 1 and recipe.model.block_size % (2 * self.cp):
+            raise ValueError(f"Plan: cp={self.cp} cuts each sequence into {2 * self.cp} zigzag chunks, but "
+                             f"block_size={recipe.model.block_size}; use a multiple of {2 * self.cp}")
         if self.pp > 1 and recipe.model.n_layer < self.pp:
             raise ValueError(f"Plan: pp={self.pp} stages but the GPT has n_layer={recipe.model.n_layer} "
                              f"blocks; every stage needs one: use n_layer >= {self.pp}")
@@ -140,6 +148,10 @@ class Parallel:
         from pipelib.runtime.device import current
 
         dev = current()
+        if self.plan.cp > 1:  # this rank's columns of its rows
+            from pipelib.context_parallel.apply import shard_tokens
+
+            x, y = shard_tokens(x, y, self.mesh["cp"])
         if self.stages is not None:
             loss = self._pipeline_step(x, y)
             self._count_gradients(dev)
@@ -155,6 +167,10 @@ class Parallel:
             from pipelib.tensor_parallel.apply import sync_sequence_grads
 
             sync_sequence_grads(self.model)
+        if self.plan.cp > 1:  # the mean over the sequence's shards, before dp reduces it
+            from pipelib.context_parallel.apply import sync_context_grads
+
+            sync_context_grads(self.parameters(), self.mesh["cp"])
         for r in self.reducers:
             r.finish_gradients()
         self._count_gradients(dev)
@@ -248,6 +264,10 @@ def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | Non
 
         apply_tensor_parallel(model, mesh["tp"], gpt_tp_plan(vocab=plan.vocab_parallel,
                                                              sequence_parallel=plan.sequence_parallel))
+    if plan.cp > 1:  # 3. context parallelism: ring attention, global positions
+        from pipelib.context_parallel.apply import apply_context_parallel
+
+        apply_context_parallel(model, mesh["cp"])
     if plan.recompute != "none":  # 4. recomputation
         from pipelib.recompute.policies import apply_recompute
 

@@ -14,7 +14,7 @@ parameters and buffers this rank holds, its gradients (kept between steps), the 
 state, and the activations autograd saves (ZeRO counts its own shards). No strategy resets a
 counter or touches the tracker.
 
-The reported loss of a step is the mean over the dp ranks of their rows' losses (a raw gloo
+The reported loss of a step is the mean over the dp (and cp) ranks of their losses (a raw gloo
 all-reduce, off the trace), returned by one rank (dp = tp = 0, on the last pipeline stage).
 Gradients (the last step's, before its optimizer step) and parameters (after the last step) are
 gathered whole on every rank (`Parallel.unshard`), so `check_against_reference(...,
@@ -92,8 +92,8 @@ def _reports_loss(mesh, par) -> bool:
     if par.schedule is not None:
         from pipelib.pipeline.gpt import tied_ranks
 
-        return c.dp == 0 and c.tp == 0 and c.pp == tied_ranks(par.schedule)[1]
-    return c.dp == 0 and c.tp == 0
+        return c.dp == 0 and c.tp == 0 and c.cp == 0 and c.pp == tied_ranks(par.schedule)[1]
+    return c.dp == 0 and c.tp == 0 and c.cp == 0
 
 
 def _mean_loss(loss, mesh, par) -> float:
@@ -103,6 +103,7 @@ def _mean_loss(loss, mesh, par) -> float:
                          device=mesh.dev.torch_device)  # NCCL reduces GPU tensors only
     if par.schedule is not None and mesh.size("pp") > 1:
         dist.all_reduce(value, group=mesh["pp"])  # one stage holds it, the others add 0
-    if mesh.size("dp") > 1:
-        dist.all_reduce(value, group=mesh["dp"])
-    return value.item() / mesh.size("dp")
+    for axis in ("cp", "dp"):  # equal token counts: the mean of the shards' and replicas' means
+        if mesh.size(axis) > 1:
+            dist.all_reduce(value, group=mesh[axis])
+    return value.item() / (mesh.size("dp") * mesh.size("cp"))

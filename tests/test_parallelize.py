@@ -180,3 +180,36 @@ def test_the_trainers_peak_is_every_category_parameters_gradients_optimizer_acti
     states = 4 * n + 4 * n + optimizer_state_bytes(n, tensors, "adam", itemsize=4) + buffers
     acts = gpt_activation_bytes(GPT, recipe.batch_size // 4, GPT.block_size, itemsize=4)
     assert {r.peak_bytes for r in results} == {states + acts}
+
+
+@pytest.mark.parametrize("sizes", [dict(dp=2, cp=2), dict(tp=2, cp=2), dict(cp=4)], ids=["dp2cp2", "tp2cp2", "cp4"])
+def test_context_parallelism_of_the_whole_model_composes_and_equals_one_process(cluster4, sizes):
+    """The sequence split over cp (zigzag ring attention, global positions, gradients averaged
+    over cp) with dp or tp beside it: equal to one process over 3 steps, and the cp axis's bytes
+    from the trace are the ring's (`context_parallel.costs.ring_bytes`, every layer, forward and
+    backward) plus the gradients' all-reduce of what a rank holds."""
+    from pipelib.context_parallel.costs import ring_bytes
+    from pipelib.memory import num_params
+
+    plan = Plan(**sizes)
+    results = run(cluster4, RECIPE, plan)
+    check_against_reference(results, RECIPE.reference(), shared=True)
+    rows, shard = RECIPE.batch_size // plan.dp, GPT.block_size // plan.cp
+    ring = ring_bytes(rows, GPT.n_head // plan.tp, shard, GPT.n_embd // GPT.n_head, 8, plan.cp)
+    held = num_params(GPT) if plan.tp == 1 else _tp_shard_numel(GPT, plan.tp)
+    per_group = plan.cp * GPT.n_layer * (ring["forward"] + ring["backward"]) + _all_reduce_bytes(held, plan.cp)
+    assert cluster4.trace().bytes_sent(axis="cp") == RECIPE.steps * (4 // plan.cp) * per_group
+    assert sum(r.losses != () for r in results) == 1
+
+
+def test_context_parallelism_with_zero1_and_its_refusals(cluster4):
+    recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2, optimizer="sgd")  # fp32 ZeRO; SGD: see below
+    results = run(cluster4, recipe, Plan(dp=2, cp=2, data_parallel="zero1"))
+    # fp32: the ring sums in another order; Adam would turn the key biases' gradients (zero in
+    # exact arithmetic: softmax ignores a shift of every score in a row) into lr-sized steps
+    check_against_reference(results, recipe.reference(), shared=True, rtol=1e-5, atol=1e-6)
+    for bad in (dict(pp=2), dict(tp=2, sequence_parallel=True), dict(data_parallel="zero2", dp=2)):
+        with pytest.raises(ValueError, match="cp=2 composes with dp and tp, not yet with"):
+            Plan(cp=2, **bad)
+    with pytest.raises(ValueError, match="block_size=8; use a multiple of 16"):
+        Plan(cp=8).check(RECIPE)

@@ -15,6 +15,8 @@
 - `model_step`: context parallelism across a whole tiny GPT: global positions, permuted labels,
   the loss over the global token count, weight gradients all-reduced over the cp group; a
   training run equal to one process (a strategy core: plain torch.distributed);
+- `apply`: the same composed by `pipelib.parallelize` (chapter 15): `apply_context_parallel` (ring
+  attention in every block, global positions by a pre-hook), `shard_tokens`, `sync_context_grads`;
 - `costs`: the formulas: bytes per rank, overlap and the crossover shard length, memory per
   rank and the longest context (pure);
 - `torch_ring`: torch's private ring-attention template beside pipelib's (a private API);

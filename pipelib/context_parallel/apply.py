@@ -1,0 +1,66 @@
+"""Context parallelism applied to an unaware GPT from outside: `parallelize`'s third step.
+
+    apply_context_parallel(model, mesh["cp"])           # ring attention, global positions
+    x, y = shard_tokens(x, y, mesh["cp"])               # this rank's columns of every row
+    loss = loss_of(model, x, y); loss.backward()
+    sync_context_grads(params, mesh["cp"])              # the mean over the cp ranks
+
+The strategy core of `model_step` (chapter 17), as `parallelize` composes it with the other
+axes: every attention's core becomes ring attention over the cp group (`attn.core`, the method
+selective recomputation also replaces), the embedding is given each column's global position
+by a forward pre-hook (parameter names stay the monolith's), and the rows are cut into the
+layout's shards. Every rank holds the same number of tokens, so the global mean loss is the
+mean of the ranks' means and the weight gradient the mean of theirs: one all-reduce over cp,
+as Megatron-LM folds cp into its data-parallel reduction. Introduced in chapter 15.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+from pipelib.comm.collectives import all_reduce
+from pipelib.context_parallel.partition import check_layout, shard_positions
+from pipelib.context_parallel.ring import ring_attention
+
+
+def _global_positions(n: int, rank: int, layout: str, module, args, kwargs):
+    idx = args[0]  # (B, c) token ids of this rank's shard
+    positions = shard_positions(idx.shape[1] * n, n, rank, layout).to(idx.device)
+    return args, {**kwargs, "positions": positions}
+
+
+def apply_context_parallel(model, group, layout: str = "zigzag"):
+    """Make `model` (the book's GPT, possibly tensor-parallel) run on a shard of the sequence:
+    ring attention over `group` in every block, global positions in the embedding."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    model.embed.register_forward_pre_hook(functools.partial(_global_positions, n, rank, layout), with_kwargs=True)
+    for block in model.blocks:
+        block.attn.core = functools.partial(ring_attention, group=group, layout=layout, causal=True)
+    model.cp_group, model.cp_layout = group, layout
+    return model
+
+
+def shard_tokens(x: torch.Tensor, y: torch.Tensor, group, layout: str = "zigzag"):
+    """This rank's columns of (B, T) tokens and targets under `layout`."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    check_layout(x.shape[1], n, layout, context="shard_tokens")
+    pos = shard_positions(x.shape[1], n, rank, layout).to(x.device)
+    return x[:, pos].contiguous(), y[:, pos].contiguous()
+
+
+def sync_context_grads(params, group) -> int:
+    """Average the gradients of `params` over the cp group in one all-reduce (flattened); the
+    number of elements."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    all_reduce(flat, "sum", group, label="cp gradient all-reduce")
+    flat /= dist.get_world_size(group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat.numel()
