@@ -213,3 +213,19 @@ def test_context_parallelism_with_zero1_and_its_refusals(cluster4):
             Plan(cp=2, **bad)
     with pytest.raises(ValueError, match="block_size=8; use a multiple of 16"):
         Plan(cp=8).check(RECIPE)
+
+
+def test_dp2_tp2_cp2_on_8_engines_equals_one_process(cluster8):
+    """Data, tensor and context parallelism at once: the cp groups' bytes are the ring's and
+    the gradient all-reduce of a tp shard, in each of the 4 (dp, tp) cells of the grid."""
+    from pipelib.context_parallel.costs import ring_bytes
+
+    plan = Plan(dp=2, tp=2, cp=2)
+    results = run(cluster8, RECIPE, plan)
+    check_against_reference(results, RECIPE.reference(), shared=True)
+    ring = ring_bytes(RECIPE.batch_size // 2, GPT.n_head // 2, GPT.block_size // 2, GPT.n_embd // GPT.n_head, 8, 2)
+    held = _tp_shard_numel(GPT, 2)
+    per_group = 2 * GPT.n_layer * (ring["forward"] + ring["backward"]) + _all_reduce_bytes(held, 2)
+    trace = cluster8.trace()
+    assert trace.bytes_sent(axis="cp") == RECIPE.steps * 4 * per_group
+    assert trace.bytes_sent(axis="dp") == RECIPE.steps * 4 * _all_reduce_bytes(held, 2)  # 4 dp groups (tp x cp)
