@@ -23,9 +23,12 @@ class SimulatedOutOfMemoryError(RuntimeError):
     def __init__(self, rank: int, what: str, need: int, capacity: int, breakdown: dict):
         self.rank, self.need, self.capacity, self.breakdown = rank, need, capacity, dict(breakdown)
         parts = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in breakdown.items() if v)
+        digits = 2  # enough to tell the need from the capacity (a need just over it would read the same)
+        while round(need / 2**20, digits) == round(capacity / 2**20, digits) and digits < 6:
+            digits += 1
         super().__init__(
             f"rank {rank}: simulated out of memory while allocating {what}: needs "
-            f"{need / 2**20:.2f} MiB but the device holds {capacity / 2**20:.2f} MiB ({parts}). "
+            f"{need / 2**20:.{digits}f} MiB but the device holds {capacity / 2**20:.{digits}f} MiB ({parts}). "
             f"Use a smaller batch or more microbatches, shard with ZeRO, recompute activations, "
             f"or choose a profile with more memory."
         )

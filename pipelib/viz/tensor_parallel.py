@@ -27,7 +27,8 @@ def tp_split_figure(rows: int, cols: int, t: int, title: str = "Who holds which 
     col_owner = [[r * t // rows for _ in range(cols)] for r in range(rows)]
     row_owner = [[c * t // cols for c in range(cols)] for _ in range(rows)]
     fig = make_subplots(rows=1, cols=2, subplot_titles=(
-        "column-parallel A (out x in): rank r keeps out rows", "row-parallel B (out x in): rank r keeps in columns"))
+        "column-parallel A (out x in):<br>rank r keeps out rows",
+        "row-parallel B (out x in):<br>rank r keeps in columns"))
     scale = [[i / max(t - 1, 1), RANK_COLORS[i % len(RANK_COLORS)]] for i in range(t)]
     for k, owner in enumerate((col_owner, row_owner)):
         fig.add_trace(go.Heatmap(z=owner, text=[[f"rank {v}" for v in row] for row in owner],
