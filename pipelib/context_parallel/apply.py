@@ -50,17 +50,25 @@ def shard_tokens(x: torch.Tensor, y: torch.Tensor, group, layout: str = "zigzag"
     return x[:, pos].contiguous(), y[:, pos].contiguous()
 
 
+def sum_flat(tensors, group, label: str = "cp gradient all-reduce") -> int:
+    """Sum `tensors` over `group` in one all-reduce of their concatenation, written back in
+    place; the number of elements."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    all_reduce(flat, "sum", group, label=label)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+    return flat.numel()
+
+
 def sync_context_grads(params, group) -> int:
     """Average the gradients of `params` over the cp group in one all-reduce (flattened); the
     number of elements."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return 0
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    all_reduce(flat, "sum", group, label="cp gradient all-reduce")
-    flat /= dist.get_world_size(group)
-    offset = 0
+    n = sum_flat(grads, group)
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-    return flat.numel()
+        g /= dist.get_world_size(group)
+    return n

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from pipelib.comm.collectives import all_reduce
+from pipelib.context_parallel.apply import sum_flat
 from pipelib.context_parallel.partition import check_layout, shard_positions
 from pipelib.context_parallel.ring import ring_attention
 from pipelib.model import GPT, GPTConfig
@@ -77,16 +78,6 @@ def cp_loss(model: GPT, idx, targets, positions, global_tokens: int, group, layo
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction="sum") / global_tokens
 
 
-def _sum_over(group, tensors):
-    """All-reduce (sum) the tensors over `group` as one flat buffer; written back in place."""
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    all_reduce(flat, "sum", group, label="cp gradient all-reduce")
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
-
-
 def _optimizer(model, lr: float):
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
 
@@ -115,7 +106,7 @@ def cp_train(config: GPTConfig, batch: int, seq_len: int, steps: int = 3, *, gro
         loss = cp_loss(model, idx, targets, pos, batch * seq_len, group, layout)
         loss.backward()
         total = loss.detach().reshape(1).clone()
-        _sum_over(group, [p.grad for p in params] + [total])        # weight gradients and the loss
+        sum_flat([p.grad for p in params] + [total], group)         # weight gradients and the loss
         losses.append(total.item())
         opt.step()
     names = dict(model.named_parameters())

@@ -28,25 +28,34 @@ import torch
 from pipelib.results import StepResult
 
 
-def fsdp_train(spec: dict, steps: int = 3, batch: int = 8, *, lr: float = 1e-3, group=None,
-               timed: bool = False) -> StepResult:
-    """Train `steps` steps with FSDP2 + torch's Adam on this rank (every rank of `group` calls
-    it); gradients of the last step and parameters after it, as full tensors."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
+def _fsdp2_model(spec: dict, group):
+    """`zero_model(spec)` under FSDP2: each of pipelib's ZeRO units (a layer) and the root
+    `fully_shard`-ed on torch's mesh over the very group pipelib's ZeRO uses (no group is made)."""
     from torch.distributed.fsdp import fully_shard
 
-    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+    from pipelib.data_parallel.zero_runner import zero_model
     from pipelib.data_parallel.zero_units import layer_units
+    from pipelib.runtime.mesh import device_mesh
 
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    # torch's mesh over the very group pipelib's ZeRO uses (no group is made here)
-    mesh = DeviceMesh.from_group(dist.group.WORLD if group is None else group, "cpu")
+    mesh = device_mesh(group, "dp", "cpu")  # the book's models are built on the CPU
     model = zero_model(spec)
     for _, layer in layer_units(model):
         if layer is not model:
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return model
+
+
+def fsdp_train(spec: dict, steps: int = 3, batch: int = 8, *, lr: float = 1e-3, group=None,
+               timed: bool = False) -> StepResult:
+    """Train `steps` steps with FSDP2 + torch's Adam on this rank (every rank of `group` calls
+    it); gradients of the last step and parameters after it, as full tensors."""
+    import torch.distributed as dist
+
+    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss
+
+    n, r = dist.get_world_size(group), dist.get_rank(group)
+    model = _fsdp2_model(spec, group)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     names = [name for name, _ in model.named_parameters()]
     losses, times, grads = [], [], {}
@@ -93,20 +102,10 @@ def shard_layouts(spec: dict, *, group=None) -> dict:
     """On every rank of `group`: how FSDP2 and pipelib's ZeRO-3 cut the same model, per
     parameter: {name: {"shape": full shape, "fsdp2": this rank's local DTensor shape (rows of
     dim 0), "zero": (start, stop) of the flattened parameter in this rank's shard of its unit}}."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
     from pipelib.data_parallel.zero import ZeRO
     from pipelib.data_parallel.zero_runner import zero_model
-    from pipelib.data_parallel.zero_units import layer_units
 
-    mesh = DeviceMesh.from_group(dist.group.WORLD if group is None else group, "cpu")
-    model = zero_model(spec)
-    for _, layer in layer_units(model):
-        if layer is not model:
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = _fsdp2_model(spec, group)
     local = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}
     ranges = ZeRO(zero_model(spec), group, stage=3).shard_ranges()
     full = {n: tuple(p.shape) for n, p in zero_model(spec).named_parameters()}

@@ -75,13 +75,9 @@ def book_memory(model: ModelSpec, lay: Strategy, m: int) -> dict:
             "activations": acts, "buffers": 0}
 
 
-def _ring(n: int, nbytes: float, link, messages: int) -> float:
-    return 0.0 if n == 1 else messages * link.alpha + nbytes / link.beta
-
-
 def book_step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) -> dict:
     from pipelib.planner.memory import stage_params
-    from pipelib.planner.timing import link_of
+    from pipelib.planner.timing import link_of, ring_seconds
     from pipelib.tensor_parallel.formulas import tp_step_counts
 
     dev, b, s, t = machine.device, lay.micro_batch, model.seq_len, lay.tp
@@ -111,5 +107,5 @@ def book_step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) ->
         n, link = lay.dp, link_of("dp", lay, machine)
         units = 1 if lay.zero == 0 else layers + 2
         per_elem = {0: 2, 1: 2, 2: 2, 3: 3}[lay.zero] * F32
-        dp = _ring(n, per_elem * psi * (n - 1) / n, link, 2 * (n - 1) * units * (1.5 if lay.zero == 3 else 1))
+        dp = ring_seconds(per_elem * psi * (n - 1) / n, n, link, 2 * (n - 1) * units * (1.5 if lay.zero == 3 else 1))
     return {"compute": compute, "optimizer": optimizer, "tp": tp, "pp": pp, "dp": dp}

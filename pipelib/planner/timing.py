@@ -14,6 +14,7 @@ Pure. Introduced in chapter 15.
 """
 from __future__ import annotations
 
+from pipelib.comm.alphabeta import predicted_time
 from pipelib.data_parallel.zero_formulas import zero_comm_bytes
 from pipelib.pipeline.simulate import bubble_closed_form
 from pipelib.planner.strategy import Strategy
@@ -33,7 +34,9 @@ def link_of(axis: str, lay: Strategy, machine: Machine):
 
 
 def ring_seconds(nbytes_per_rank: float, n: int, link, steps: int | None = None) -> float:
-    """A ring collective in which each rank sends `nbytes_per_rank` in `steps` messages."""
+    """A ring in which each rank sends `nbytes_per_rank` in `steps` messages (ZeRO's mixes of
+    reduce-scatters and all-gathers, given as bytes sent; one collective of a known tensor is
+    `comm.alphabeta.predicted_time`)."""
     if n == 1:
         return 0.0
     steps = 2 * (n - 1) if steps is None else steps
@@ -63,7 +66,8 @@ def step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) -> dict
     tp = 0.0
     if lay.tp > 1:
         calls = (6 if policy_info(lay.recompute).fixed_k == 1 else 4) * layers * m  # full reruns g's
-        tp = calls * ring_seconds(2 * act * (lay.tp - 1) / lay.tp, lay.tp, link_of("tp", lay, machine))
+        link = link_of("tp", lay, machine)
+        tp = calls * predicted_time("all_reduce", act, lay.tp, link.alpha, link.beta)  # the ring's
     cp = 0.0
     if lay.cp > 1:
         kv = 2 * BF16 * tokens_mb // lay.cp * model.hidden * model.kv_heads // model.n_head // lay.tp
