@@ -19,6 +19,9 @@
 - `ring`: `work_figure`, `overlap_figure`, `context_figure`, `variants_figure`: causal work per
   rank, transfer hidden behind compute, the longest context per number of ranks, and ring,
   all-gather and Ulysses side by side (chapter 17);
+- `mesh`: `mesh_figure`, `mesh_rows`, `axis_timeline_figure`, `orders_figure`: ranks on the
+  (dp, tp, pp, cp, ep) grid with every group on hover, communication coloured by mesh axis, and
+  what each order of the axes costs (chapter 15);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
@@ -67,6 +70,10 @@ API = MappingProxyType({
     "overlap_figure": "ring",
     "context_figure": "ring",
     "variants_figure": "ring",
+    "mesh_figure": "mesh",
+    "mesh_rows": "mesh",
+    "axis_timeline_figure": "mesh",
+    "orders_figure": "mesh",
     "time_unit": "display",
     "Units": "display",
     "time_title": "display",

@@ -1,0 +1,173 @@
+"""Figures of chapter 15: ranks laid on the (dp, tp, pp, cp, ep) grid, and every axis on a timeline.
+
+- `mesh_rows(topology)`: every rank's coordinates and its group along every axis, the data the
+  grid's hover reads (and a test checks against `Topology`);
+- `mesh_figure(topology, gpus_per_node)`: one marker per rank, laid out as the ranks sit on the
+  nodes (consecutive ranks share a node, one row per node); hovering a rank shows its
+  coordinates and the ranks of each of its groups; a menu colours the ranks by node or by the
+  groups of one axis and joins each group's ranks with a line, so the reader sees which groups
+  stay inside a node and which cross between nodes. The order of the axes is the topology's
+  (`Topology(order=...)`), or `order=` here;
+- `axis_timeline_figure(trace)`: each rank's compute, and its communication coloured by the
+  mesh axis that carried it (`Event.axis`): where tp, pp and dp each spend their time;
+- `orders_figure(rows)`: seconds of communication per axis under several axis orders, measured
+  beside predicted (`pipelib.planner.orders`).
+
+The pure layer: plotly, `pipelib.topology` and `pipelib.trace`. Introduced in chapter 15.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+
+import plotly.graph_objects as go
+
+from pipelib.topology import Topology
+from pipelib.trace import Kind, Trace
+from pipelib.viz.display import rounder, time_title, time_unit
+
+AXIS_COLORS = MappingProxyType({"tp": "#E45756", "cp": "#B279A2", "dp": "#4C78A8", "pp": "#54A24B",
+                                "ep": "#F58518"})
+GROUP_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6",
+                "#9D755D", "#BAB0AC", "#79706E", "#D37295", "#8CD17D", "#B6992D", "#499894", "#86BCB6")
+COMPUTE_COLOR = "#C9CED6"
+_LOOK = MappingProxyType(dict(template="plotly_white", margin=dict(l=10, r=10, t=90, b=40),
+                              legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")))
+
+
+def _axes(topo: Topology) -> list[str]:
+    """The axes drawn: those with more than one rank, outermost first (ep after dp)."""
+    return list(topo.used)
+
+
+def mesh_rows(topology: Topology) -> list[dict]:
+    """One dict per rank: {"rank", "coords": {axis: index}, "groups": {axis: ranks}} over the
+    used axes, outermost first."""
+    axes = _axes(topology)
+    return [{"rank": r, "coords": {a: getattr(topology.coords(r), a) for a in axes},
+             "groups": {a: topology.group_of(a, r) for a in axes}} for r in range(topology.world_size)]
+
+
+def _columns(topo: Topology, gpus_per_node: int | None) -> int:
+    if gpus_per_node:
+        return gpus_per_node
+    cols = 1
+    for a in reversed(topo.order):  # the innermost axes, while they fit in a row of 8
+        if cols * getattr(topo, a) > 8:
+            break
+        cols *= getattr(topo, a)
+    return max(cols, 1)
+
+
+def _hover(row: dict, gpus_per_node: int | None) -> str:
+    coords = ", ".join(f"{a}={i}" for a, i in row["coords"].items()) or "one rank"
+    node = f" · node {row['rank'] // gpus_per_node}" if gpus_per_node else ""
+    groups = "<br>".join(f"{a} group: ranks {', '.join(map(str, g))}" for a, g in row["groups"].items())
+    return f"<b>rank {row['rank']}</b>{node}<br>({coords})<br>{groups}"
+
+
+def _group_lines(topo: Topology, axis: str, xy) -> tuple[list, list]:
+    xs, ys = [], []
+    for g in topo.groups(axis):
+        for r in g:
+            xs.append(xy[r][0])
+            ys.append(xy[r][1])
+        xs.append(None)
+        ys.append(None)
+    return xs, ys
+
+
+def mesh_figure(topology: Topology, gpus_per_node: int | None = None, *, order=None,
+                title: str | None = None) -> go.Figure:
+    """The ranks of `topology` on their nodes (`gpus_per_node` a row; None: the innermost axes
+    fill a row), hover for coordinates and groups, a menu to colour by node or by an axis's
+    groups. `order` (outermost first) replaces the topology's."""
+    topo = replace(topology, order=tuple(order)) if order is not None else topology
+    rows, axes, cols = mesh_rows(topo), _axes(topo), _columns(topo, gpus_per_node)
+    xy = {r["rank"]: (r["rank"] % cols, r["rank"] // cols) for r in rows}
+    n_rows = (topo.world_size + cols - 1) // cols
+    node_of = [r // cols for r in range(topo.world_size)]
+    colourings = {"node" if gpus_per_node else "row": [GROUP_COLORS[n % len(GROUP_COLORS)] for n in node_of]}
+    for a in axes:
+        index = {g: i for i, g in enumerate(topo.groups(a))}
+        colourings[a] = [GROUP_COLORS[index[row["groups"][a]] % len(GROUP_COLORS)] for row in rows]
+    fig = go.Figure(go.Scatter(
+        x=[xy[r][0] for r in range(topo.world_size)], y=[xy[r][1] for r in range(topo.world_size)],
+        mode="markers+text", text=[str(r) for r in range(topo.world_size)], textfont=dict(color="white", size=12),
+        marker=dict(size=34, symbol="square", color=next(iter(colourings.values())),
+                    line=dict(width=1, color="white")),
+        hovertext=[_hover(row, gpus_per_node) for row in rows], hoverinfo="text", name="ranks", showlegend=False))
+    for a in axes:
+        xs, ys = _group_lines(topo, a, xy)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=AXIS_COLORS[a], width=3),
+                                 name=f"{a} groups", hoverinfo="skip", visible=False, opacity=0.6))
+    if gpus_per_node:
+        for n in range(n_rows):
+            fig.add_shape(type="rect", x0=-0.5, x1=cols - 0.5, y0=n - 0.45, y1=n + 0.45, line=dict(color="#888"),
+                          layer="below")
+            fig.add_annotation(x=cols - 0.5, y=n, text=f" node {n}", showarrow=False, xanchor="left")
+    buttons = []
+    for name, colours in colourings.items():
+        visible = [True] + [name == a for a in axes]
+        label = f"{name} groups" if name in axes else f"by {name}"
+        buttons.append(dict(label=label, method="update",
+                            args=[{"visible": visible, "marker.color": [colours] + [None] * len(axes)}]))
+    fig.update_layout(
+        title=title or f"{topo}", height=140 + 60 * n_rows, width=max(420, 70 * cols + 160),
+        xaxis=dict(visible=False, range=[-0.7, cols + 0.6]),
+        yaxis=dict(visible=False, autorange="reversed", scaleanchor="x"),
+        updatemenus=[dict(type="buttons", direction="right", x=0, y=1.0, xanchor="left", yanchor="bottom",
+                          pad=dict(b=8), buttons=buttons, showactive=True)],
+        **{k: v for k, v in _LOOK.items() if k != "legend"}, showlegend=False)
+    return fig
+
+
+def axis_timeline_figure(trace: Trace, title: str = "Every axis's communication") -> go.Figure:
+    """Each rank's compute (grey) and its collectives and transfers, coloured by mesh axis."""
+    span = max(trace.span, 1e-12)
+    unit, scale = time_unit(span)
+    rnd, t0 = rounder(span * scale), trace.start
+    names = [f"rank {r}" for r in range(trace.world_size)]
+    fig = go.Figure()
+
+    def bars(evs, name, color, width, group):
+        if not evs:
+            return
+        fig.add_trace(go.Bar(
+            orientation="h", y=[names[e.rank] for e in evs], base=[rnd((e.start - t0) * scale) for e in evs],
+            x=[rnd(e.duration * scale) for e in evs], name=name, legendgroup=group, width=width,
+            marker=dict(color=color, line=dict(width=0)),
+            customdata=[[e.label, e.bytes, rnd(e.duration * scale)] for e in evs],
+            hovertemplate=f"<b>{name}</b> · %{{y}}<br>%{{customdata[0]}}<br>%{{customdata[1]}} bytes, "
+                          f"%{{customdata[2]}} {unit}<extra></extra>"))
+
+    bars([e for e in trace.events if e.kind == Kind.COMPUTE and e.duration > 0], "compute", COMPUTE_COLOR, 0.8,
+         "compute")
+    for axis, color in AXIS_COLORS.items():
+        coll = [e for e in trace.events if e.axis == axis and e.kind == Kind.COLLECTIVE and e.duration > 0]
+        sent = [e for e in trace.events if e.axis == axis and e.kind == Kind.TRANSFER and e.duration > 0]
+        bars(coll, f"{axis} collective", color, 0.5, axis)
+        bars(sent, f"{axis} transfer", color, 0.25, axis)
+    fig.update_layout(title=title, barmode="overlay", xaxis_title=time_title(unit),
+                      yaxis=dict(categoryorder="array", categoryarray=names[::-1]),
+                      height=160 + 34 * trace.world_size, **_LOOK)
+    return fig
+
+
+def orders_figure(rows: list[dict], title: str = "What each order of the axes costs") -> go.Figure:
+    """rows: {"order": str, "axis": str, "measured": seconds, "predicted": seconds} (one per
+    order and axis): grouped bars of communication seconds, measured solid, predicted hatched."""
+    orders = list(dict.fromkeys(r["order"] for r in rows))
+    axes = list(dict.fromkeys(r["axis"] for r in rows))
+    span = max([r["measured"] for r in rows] + [r["predicted"] for r in rows] + [1e-12])
+    unit, scale = time_unit(span)
+    fig = go.Figure()
+    for axis in axes:
+        for what, pattern in (("measured", ""), ("predicted", "/")):
+            ys = [next((r[what] for r in rows if r["order"] == o and r["axis"] == axis), 0.0) * scale for o in orders]
+            fig.add_trace(go.Bar(x=orders, y=ys, name=f"{axis} {what}", offsetgroup=f"{axis}{what}",
+                                 marker=dict(color=AXIS_COLORS.get(axis, "#888"), pattern_shape=pattern),
+                                 opacity=1.0 if not pattern else 0.55))
+    fig.update_layout(title=title, barmode="group", yaxis_title=f"communication per step ({unit})",
+                      xaxis_title="order of the axes, outermost first", height=380, **_LOOK)
+    return fig

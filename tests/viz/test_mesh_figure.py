@@ -1,0 +1,86 @@
+"""Chapter 15's mesh figure: every rank's hover names its coordinates and every group of every
+axis, as `Topology` computes them; the order of the axes changes which groups cross nodes;
+the axis timeline colours each event by the mesh axis that carried it."""
+import pytest
+
+from pipelib.topology import Topology
+from pipelib.trace import Event, Kind, Trace
+from pipelib.viz.display import figure_bundle
+from pipelib.viz.mesh import AXIS_COLORS, axis_timeline_figure, mesh_figure, mesh_rows, orders_figure
+
+
+def test_rows_are_the_topologys_coordinates_and_groups_for_every_rank():
+    topo = Topology(dp=2, tp=2, pp=2)
+    rows = mesh_rows(topo)
+    assert [r["rank"] for r in rows] == list(range(8))
+    for r in rows:
+        assert r["coords"] == {a: getattr(topo.coords(r["rank"]), a) for a in ("pp", "dp", "tp")}
+        assert r["groups"] == {a: topo.group_of(a, r["rank"]) for a in ("pp", "dp", "tp")}
+    # tp innermost: consecutive ranks; pp outermost: ranks world/2 apart
+    assert rows[5]["groups"] == {"pp": (1, 5), "dp": (5, 7), "tp": (4, 5)}
+
+
+def test_hover_lists_every_group_and_the_menu_colours_by_node_or_by_each_axis():
+    fig = mesh_figure(Topology(dp=2, tp=2, pp=2), gpus_per_node=4)
+    ranks = fig.data[0]
+    assert list(ranks.text) == [str(r) for r in range(8)]
+    hover = ranks.hovertext[5]
+    for piece in ("rank 5", "node 1", "pp=1, dp=0, tp=1", "pp group: ranks 1, 5", "dp group: ranks 5, 7",
+                  "tp group: ranks 4, 5"):
+        assert piece in hover, (piece, hover)
+    labels = [b.label for b in fig.layout.updatemenus[0].buttons]
+    assert labels == ["by node", "pp groups", "dp groups", "tp groups"]
+    # "tp groups": one colour per tp group (4 groups of 2), the tp lines shown, no other axis's
+    tp = fig.layout.updatemenus[0].buttons[3].args[0]
+    assert len(set(tp["marker.color"][0])) == 4 and tp["visible"] == [True, False, False, True]
+    assert len(fig.layout.shapes) == 2  # one box a node
+    figure_bundle(fig)  # serialises for the book
+
+
+def test_the_order_is_a_parameter_and_moves_the_groups_across_nodes():
+    topo = Topology(dp=2, tp=2, pp=2)
+
+    def crossing(fig, axis):  # groups whose ranks' rows (nodes) differ, read back from the lines drawn
+        line = next(d for d in fig.data if d.name == f"{axis} groups")
+        groups, cur = [], []
+        for y in line.y:
+            if y is None:
+                groups.append(cur)
+                cur = []
+            else:
+                cur.append(y)
+        return sum(len(set(g)) > 1 for g in groups)
+
+    pp_outer = mesh_figure(topo, 4)
+    dp_outer = mesh_figure(topo, 4, order=("dp", "pp", "cp", "tp"))
+    tp_outer = mesh_figure(topo, 4, order=("tp", "pp", "dp", "cp"))
+    assert (crossing(pp_outer, "pp"), crossing(pp_outer, "dp"), crossing(pp_outer, "tp")) == (4, 0, 0)
+    assert (crossing(dp_outer, "pp"), crossing(dp_outer, "dp"), crossing(dp_outer, "tp")) == (0, 4, 0)
+    assert crossing(tp_outer, "tp") == 4
+    assert "order dp > pp > cp > tp" in dp_outer.layout.title.text
+
+
+def test_expert_groups_are_drawn_inside_dp():
+    fig = mesh_figure(Topology(dp=4, tp=2, ep=2))
+    assert [b.label for b in fig.layout.updatemenus[0].buttons] == ["by row", "dp groups", "tp groups", "ep groups"]
+    assert "ep group: ranks 0, 2" in fig.data[0].hovertext[0]
+
+
+def test_axis_timeline_colours_each_axis_and_leaves_waiting_out():
+    evs = [Event(0, Kind.COMPUTE, "F", 0.0, 1.0), Event(1, Kind.COMPUTE, "F", 0.0, 1.0),
+           Event(0, Kind.COLLECTIVE, "all_reduce", 1.0, 1.5, bytes=64, axis="tp"),
+           Event(1, Kind.TRANSFER, "act", 1.0, 1.2, bytes=32, peer=0, axis="pp"),
+           Event(1, Kind.RECV_WAIT, "act", 1.0, 1.2, peer=0, axis="pp")]
+    fig = axis_timeline_figure(Trace(evs, 2))
+    by_name = {d.name: d for d in fig.data}
+    assert set(by_name) == {"compute", "tp collective", "pp transfer"}
+    assert by_name["tp collective"].marker.color == AXIS_COLORS["tp"]
+    assert list(by_name["pp transfer"].x) == [pytest.approx(0.2)]  # the span is 1.5 s: seconds
+
+
+def test_orders_figure_draws_measured_beside_predicted():
+    rows = [{"order": o, "axis": a, "measured": 1e-3 * i, "predicted": 1.1e-3 * i}
+            for i, (o, a) in enumerate([(o, a) for o in ("pp>dp>tp", "dp>pp>tp") for a in ("dp", "pp")], 1)]
+    fig = orders_figure(rows)
+    assert [d.name for d in fig.data] == ["dp measured", "dp predicted", "pp measured", "pp predicted"]
+    assert list(fig.data[0].y) == pytest.approx([1.0, 3.0])
