@@ -2,7 +2,7 @@
 
     load_balancing_loss(probs, demand, k)     # E sum_i f_i P_i: 1 when even, up to E
     bias = bias_update(bias, counts, rate)    # DeepSeek-V3: overloaded experts made less likely
-    imbalance(counts)                         # max / mean tokens per expert: 1.0 is perfect
+    load_imbalance(counts)                         # max / mean tokens per expert: 1.0 is perfect
 
 A router left alone collapses: the experts picked early get better, so they get picked more
 (Shazeer et al. 2017). Two remedies:
@@ -45,7 +45,7 @@ def bias_update(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> torch.
     return bias + rate * torch.sign(load.mean() - load)
 
 
-def imbalance(counts) -> float:
+def load_imbalance(counts) -> float:
     """max / mean of the tokens per expert (1.0: perfectly even; E: one expert takes all)."""
     c = torch.as_tensor(counts, dtype=torch.float64)
     mean = float(c.mean()) if c.numel() else 0.0

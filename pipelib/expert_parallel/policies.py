@@ -1,7 +1,7 @@
 """One entry per drop policy: which tokens an expert keeps when more choose it than it has slots.
 
-    policy_info("probability").priority(probs)   # (S, E): higher is kept first
-    policy_info("position").priority(probs)      # (S, E): earlier tokens kept first
+    drop_policy_info("probability").priority(probs)   # (S, E): higher is kept first
+    drop_policy_info("position").priority(probs)      # (S, E): earlier tokens kept first
 
 When a capacity is set (`pipelib.expert_parallel.routing.route`), an expert chosen by more
 tokens than its capacity C keeps C of them and the rest are dropped (their MoE output is zero;
@@ -49,7 +49,7 @@ POLICIES: MappingProxyType[str, DropPolicy] = MappingProxyType({p.name: p for p 
 )})
 
 
-def policy_info(name: str) -> DropPolicy:
+def drop_policy_info(name: str) -> DropPolicy:
     """The drop policy called `name`; a ValueError lists the names."""
     info = POLICIES.get(name) if isinstance(name, str) else None
     if info is None:

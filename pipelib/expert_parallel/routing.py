@@ -35,7 +35,7 @@ import torch
 
 from pipelib.checks import check_int
 from pipelib.expert_parallel.balance import load_balancing_loss
-from pipelib.expert_parallel.policies import policy_info
+from pipelib.expert_parallel.policies import drop_policy_info
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def route(logits: torch.Tensor, k: int = 1, *, capacity_factor: float | None = N
     """Route S tokens among E experts from `logits` (S, E) (module docstring). `bias` (E,) shifts
     the selection only (DeepSeek-V3); `capacity_factor=None` is dropless."""
     S, E = check_routing_args(logits, k, capacity_factor, min_capacity, bias)
-    policy = policy_info(drop_policy)
+    policy = drop_policy_info(drop_policy)
     probs = torch.softmax(logits.float(), dim=-1)  # (S, E)
     select = probs.detach() if bias is None else probs.detach() + bias.float()
     experts = torch.topk(select, k, dim=-1).indices  # (S, k), most preferred first

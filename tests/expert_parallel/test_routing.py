@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from pipelib.expert_parallel.balance import bias_update, imbalance, load_balancing_loss
-from pipelib.expert_parallel.policies import POLICIES, policy_info
+from pipelib.expert_parallel.balance import bias_update, load_balancing_loss, load_imbalance
+from pipelib.expert_parallel.policies import POLICIES, drop_policy_info
 from pipelib.expert_parallel.routing import capacity_of, route
 
 # 6 tokens, 3 experts: the router's probabilities (logits = their logs), no ties within a row
@@ -126,7 +126,7 @@ def test_bias_update_moves_against_the_load():
     b = bias_update(torch.zeros(3), torch.tensor([4, 1, 1]), 0.01)
     assert b.tolist() == pytest.approx([-0.01, 0.01, 0.01])
     assert bias_update(torch.zeros(2), torch.tensor([3, 3]), 0.5).tolist() == [0.0, 0.0]
-    assert imbalance([4, 1, 1]) == pytest.approx(2.0) and imbalance([2, 2]) == 1.0
+    assert load_imbalance([4, 1, 1]) == pytest.approx(2.0) and load_imbalance([2, 2]) == 1.0
     with pytest.raises(ValueError, match=r"rate=0; pass"):
         bias_update(torch.zeros(2), torch.tensor([3, 3]), 0)
 
@@ -135,7 +135,7 @@ def test_policies_are_a_registry():
     assert set(POLICIES) == {"probability", "position"}
     with pytest.raises(ValueError, match=r"unknown drop policy 'latest'; use one of \('probability', 'position'\)"):
         route(LOGITS, k=1, capacity_factor=1.0, drop_policy="latest")
-    assert policy_info("position").priority(P)[:, 0].tolist() == [0, -1, -2, -3, -4, -5]
+    assert drop_policy_info("position").priority(P)[:, 0].tolist() == [0, -1, -2, -3, -4, -5]
 
 
 @pytest.mark.parametrize("kw, match", [
