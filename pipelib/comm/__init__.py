@@ -7,6 +7,8 @@
   all-to-all, written from point-to-point messages;
 - `algorithms`: more of them, to choose from: the halving/doubling and the hierarchical
   all-reduce, the tree gather and scatter, the barrier;
+- `uneven`: the uneven all-to-all (different row counts per pair, counts exchanged first), the
+  dispatch and combine of mixture-of-experts layers (chapter 16);
 - `ring`: the ring engine of the collectives, chunks cut into pipelined segment messages;
 - `agreement`: `check_same`, every rank agrees on the collective before it runs;
 - `registry`: pure (no torch): one `CollectiveInfo` per collective (implementation, built-in

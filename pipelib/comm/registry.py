@@ -266,6 +266,9 @@ REGISTRY: MappingProxyType[str, CollectiveInfo] = MappingProxyType({info.name: i
     CollectiveInfo("all_to_all", "collectives", all_rows_but_mine,
                    lambda k: (k.n - 1) * k.alpha + k.share / k.beta, twins.torch_all_to_all,
                    bus_factor=_ring_factor, slots="chunks"),
+    CollectiveInfo("all_to_all_uneven", "uneven", all_rows_but_mine,  # even chunks; splits: uneven.uneven_bytes
+                   lambda k: (k.n - 1) * k.alpha + k.share / k.beta, twins.torch_all_to_all_uneven,
+                   bus_factor=_ring_factor, slots="chunks"),
     CollectiveInfo("all_reduce_halving_doubling", "algorithms", halving_doubling,
                    lambda k: 2 * tree_steps(k.n) * k.alpha + 2 * k.share / k.beta + k.share * k.gamma,
                    twins.torch_all_reduce, reduces=True, bus_factor=_twice),

@@ -93,6 +93,25 @@ def torch_all_to_all(x, group=None, *, root: int = 0, op: str = "sum"):
     return out
 
 
+def torch_all_to_all_uneven(x, group=None, *, root: int = 0, op: str = "sum", input_splits=None,
+                            output_splits=None):
+    """`dist.all_to_all_single` with split sizes (`pipelib.comm.uneven`'s semantics): without
+    splits `torch_all_to_all`; without output splits the counts are exchanged first, by gloo."""
+    import torch
+
+    dist = _dist()
+    if input_splits is None:
+        return torch_all_to_all(x, group)
+    if output_splits is None:
+        counts = torch.empty(dist.get_world_size(group), dtype=torch.int64)
+        dist.all_to_all_single(counts, torch.tensor(list(input_splits), dtype=torch.int64), group=group)
+        output_splits = counts.tolist()
+    out = torch.empty((sum(output_splits), *x.shape[1:]), dtype=x.dtype)
+    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(output_splits),
+                           input_split_sizes=list(input_splits), group=group)
+    return out
+
+
 def torch_gather(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.gather` to group rank `root`: every rank's x along dim 0 there, None elsewhere."""
     import torch

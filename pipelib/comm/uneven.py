@@ -1,0 +1,108 @@
+"""The uneven all-to-all: rank r sends a different number of rows to each rank (chapter 16).
+
+    y = all_to_all_uneven(x, input_splits=[3, 0, 5, 1], group=g)   # counts exchanged first
+    y = all_to_all_uneven(x, [3, 0, 5, 1], [2, 2, 0, 7], group=g)   # counts known: one pass
+
+Rows ``x[sum(in[:j]) : sum(in[:j+1])]`` (dim 0) go to group rank j, which stores the rows from
+rank i at ``sum(out[:i])``: the semantics of `torch.distributed.all_to_all_single` with
+``input_split_sizes`` and ``output_split_sizes``, its twin (`pipelib.comm.twins`). Without splits
+both are `tensor_split`'s chunk sizes and it is `all_to_all`. Mixture-of-experts layers need it:
+each rank's tokens go to the experts their router picked, so the counts differ per pair and per
+step (dropless routing, MegaBlocks; `pipelib.expert_parallel`).
+
+Counts first: a receiver must size its buffer, so when only `input_splits` are given the counts
+are exchanged by an even `all_to_all` of n integers (its own COLLECTIVE event, labelled
+``"all_to_all: <label>: splits"``) before the rows move. Pairwise exchange: step s = 1..n-1 sends the rows
+for rank r+s and receives those of rank r-s (zero rows is a message of zero bytes). Rank r sends
+exactly (sum(in) - in[r]) rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
+
+The agreement check (``check=True``) compares dtype and row shape on every rank, and, when both
+splits are given, that what rank i sends to j is what j expects from i: ranks that computed
+different counts (a capacity each rank derived for itself) get one `CollectiveMismatchError`
+naming every rank's splits instead of a hang or garbage. Raw gloo messages: no trace, no clock.
+
+Introduced in chapter 16; one entry of `pipelib.comm.registry`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from pipelib.comm.agreement import CHECK_TAG, CollectiveMismatchError
+from pipelib.comm.collectives import _Call, all_to_all
+from pipelib.comm.registry import chunk_sizes
+
+
+def check_splits(what: str, splits, total: int, n: int, name: str = "all_to_all_uneven") -> list[int]:
+    """`splits` as a list of n non-negative ints summing to `total`; a ValueError names them."""
+    out = [int(v) for v in splits]
+    if len(out) != n or any(v < 0 for v in out) or sum(out) != total:
+        raise ValueError(f"rank {dist.get_rank()}: {name}: {what}={out} on a group of {n} ranks; pass {n} "
+                         f"non-negative row counts summing to {total} (the rows this rank "
+                         f"{'sends' if what == 'input_splits' else 'receives'})")
+    return out
+
+
+def uneven_bytes(input_splits, rank: int, row_bytes: int) -> int:
+    """Bytes group rank `rank` sends: every row but those it keeps, (sum(in) - in[rank]) x a row."""
+    return (sum(input_splits) - input_splits[rank]) * row_bytes
+
+
+def exchange_splits(input_splits, group=None, *, label: str | None = None) -> list[int]:
+    """Each rank's row counts for this rank, by an even all-to-all of n int64 (counts first)."""
+    counts = torch.tensor(list(input_splits), dtype=torch.int64)
+    return all_to_all(counts, group, label=label).tolist()
+
+
+def agree_on_splits(name: str, input_splits, output_splits, group) -> None:
+    """Every rank sends its (in, out) splits to every other; all raise if some i -> j disagree."""
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    glob = [dist.get_global_rank(group, i) if group is not None else i for i in range(n)]
+    rows = torch.empty((n, 2, n), dtype=torch.int64)
+    rows[me] = mine = torch.tensor([list(input_splits), list(output_splits)], dtype=torch.int64)
+    works = [dist.irecv(rows[p], glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
+    works += [dist.isend(mine, glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
+    for w in works:
+        w.wait()
+    if torch.equal(rows[:, 0], rows[:, 1].T):
+        return
+    bad = [f"rank {glob[i]} sends {int(rows[i, 0, j])} rows to rank {glob[j]}, which expects {int(rows[j, 1, i])}"
+           for i in range(n) for j in range(n) if rows[i, 0, j] != rows[j, 1, i]]
+    raise CollectiveMismatchError(
+        f"{name}: ranks disagree on the counts; " + "; ".join(bad) + ". Splits per rank (in, out): "
+        + ", ".join(f"rank {glob[i]} {rows[i, 0].tolist()} {rows[i, 1].tolist()}" for i in range(n))
+        + ". Exchange the counts first (leave output_splits=None), or agree on one capacity with a collective.")
+
+
+def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None, *, check: bool = True,
+                      label: str | None = None):
+    """Uneven all-to-all from point-to-point messages (module docstring): returns the rows this
+    rank receives, (sum(output_splits), *tensor.shape[1:]), in source-rank order."""
+    name = "all_to_all_uneven"
+    n, me = dist.get_world_size(group), dist.get_rank(group)
+    even = input_splits is None
+    if even:
+        if output_splits is not None:
+            raise ValueError(f"rank {dist.get_rank()}: {name}: output_splits={list(output_splits)} without "
+                             f"input_splits; pass both, input_splits alone, or neither (even chunks)")
+        input_splits = chunk_sizes(tensor.shape[0], n)
+    input_splits = check_splits("input_splits", input_splits, tensor.shape[0], n)
+    # even chunks: every rank passes the same shape, checked whole; uneven: the row shape only
+    c = _Call(name, tensor if even else tensor.new_empty((0, *tensor.shape[1:])), group, check=check, label=label)
+    if even:
+        output_splits = [input_splits[me]] * n
+    elif output_splits is None:
+        output_splits = exchange_splits(input_splits, group, label=f"{label or name}: splits")
+    else:
+        output_splits = check_splits("output_splits", output_splits, sum(int(v) for v in output_splits), n)
+        if check:
+            agree_on_splits(name, input_splits, output_splits, group)
+    x = tensor.contiguous()
+    ins = list(torch.split(x, input_splits, dim=0))
+    out = torch.empty((sum(output_splits), *x.shape[1:]), dtype=x.dtype)
+    outs = list(torch.split(out, output_splits, dim=0))
+    outs[me].copy_(ins[me])
+    for s in range(1, n):
+        dst, src = c.peer(s), c.peer(-s)
+        c.step("all-to-all", s - 1, dst, send=ins[dst], dst=dst, recv=outs[src], src=src)
+    return c.done(out)

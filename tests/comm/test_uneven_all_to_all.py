@@ -1,0 +1,127 @@
+"""The uneven all-to-all (chapter 16) against gloo's `all_to_all_single` with split sizes: zero
+splits, several row shapes, on the world and on sub-groups; the counts exchanged first; bytes
+exact from the counters and the trace; ranks that disagree on the counts get a clear error."""
+import pytest
+from subgroups import group as _group  # tests/comm/subgroups.py
+
+from pipelib.runtime.errors import RankError
+
+pytestmark = pytest.mark.cluster
+
+
+def _splits(n, seed, zeros=True):
+    """An n x n matrix of row counts, sends[i][j] from rank i to rank j, with zeros."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randint(0, 6, (n, n), generator=g)
+    if zeros:
+        m[torch.rand(n, n, generator=g) < 0.3] = 0
+    return m.tolist()
+
+
+def _against_gloo(ranks, seeds):
+    import torch
+    import torch.distributed as dist
+
+    from pipelib.comm import p2p as comms
+    from pipelib.comm.registry import collective_info
+    from pipelib.comm.uneven import uneven_bytes
+
+    g = _group(ranks)
+    if dist.get_rank() not in ranks:
+        return []
+    info, n, me, bad = collective_info("all_to_all_uneven"), len(ranks), ranks.index(dist.get_rank()), []
+    for seed in seeds:
+        m = _splits(n, seed)
+        ins, outs = m[me], [m[i][me] for i in range(n)]
+        for row, dtype in (((), torch.float32), ((3, 2), torch.float64), ((5,), torch.int64)):
+            gen = torch.Generator().manual_seed(100 * seed + dist.get_rank())
+            x = (torch.randn((sum(ins), *row), generator=gen) * 100).to(dtype)
+            want = info.twin(x, g, input_splits=ins, output_splits=outs)
+            for given in (outs, None):  # counts known, or exchanged first
+                comms.reset_counters()
+                got = info.run(x, g, input_splits=ins, output_splits=given, label="t")
+                sent = comms.counters()["bytes_sent"]
+                case = f"n={n} seed={seed} row={row} {dtype} output_splits={given}"
+                if not torch.equal(got, want):
+                    bad.append(f"{case}: values differ")
+                exp = uneven_bytes(ins, me, x[:1].numel() * x.element_size() if x.shape[0] else
+                                   torch.empty(row, dtype=dtype).numel() * x.element_size())
+                exp += 0 if given is not None else 8 * (n - 1)  # the counts: n int64, all but mine
+                if sent != exp:
+                    bad.append(f"{case}: sent {sent} bytes, expected {exp}")
+        if not torch.equal(info.twin(x, g, input_splits=ins), want):  # the twin exchanges counts too
+            bad.append(f"n={n} seed={seed}: the twin without output splits differs")
+    return bad
+
+
+@pytest.mark.parametrize("ranks", [(0, 1), (1, 2, 3), (0, 1, 2, 3)], ids=["n2", "n3-subgroup", "n4"])
+def test_uneven_all_to_all_equals_gloo(cluster4, ranks):
+    assert [b for r in cluster4.run(_against_gloo, list(ranks), [1, 2, 3]) for b in r] == []
+
+
+def _traced(m):
+    import torch
+    import torch.distributed as dist
+
+    from pipelib.comm.uneven import all_to_all_uneven
+
+    me = dist.get_rank()
+    x = torch.full((sum(m[me]), 4), float(me))
+    y = all_to_all_uneven(x, m[me], label="dispatch")
+    return [int(v) for v in y[:, 0].tolist()]
+
+
+def test_bytes_in_the_trace_are_the_counts_and_rows_arrive_in_rank_order(cluster4):
+    m = [[1, 0, 2, 3], [0, 0, 4, 1], [2, 2, 0, 0], [5, 1, 1, 1]]  # rank i sends m[i][j] rows to j
+    cluster4.reset()
+    got = cluster4.run(_traced, m)
+    assert got == [sum(([i] * m[i][j] for i in range(4)), []) for j in range(4)]
+    coll = cluster4.trace().filter(kind="collective")
+    moved = {e.rank: e.bytes for e in coll if e.label == "all_to_all_uneven: dispatch"}
+    counts = {e.rank: e.bytes for e in coll if e.label == "all_to_all: dispatch: splits"}
+    assert moved == {i: (sum(m[i]) - m[i][i]) * 4 * 4 for i in range(4)}  # rows x 4 floats x 4 bytes
+    assert counts == {i: 3 * 8 for i in range(4)}  # the counts went first: 3 int64 to the others
+
+
+def _disagree():
+    import torch
+    import torch.distributed as dist
+
+    from pipelib.comm.uneven import all_to_all_uneven
+
+    r = dist.get_rank()
+    # every rank sends 2 rows to each; rank 2 thinks rank 0 sends it 3 (a capacity of its own)
+    outs = [3, 2, 2, 2] if r == 2 else [2, 2, 2, 2]
+    all_to_all_uneven(torch.zeros(8, 2), [2, 2, 2, 2], outs)
+
+
+def test_ranks_that_disagree_on_the_counts_get_one_clear_error(cluster4):
+    with pytest.raises(RankError, match=r"rank 0 sends 2 rows to rank 2, which expects 3") as err:
+        cluster4.run(_disagree)
+    assert sorted(err.value.errors) == [0, 1, 2, 3]  # every rank raised: nobody hangs
+
+
+def _bad(kind):
+    import torch
+
+    from pipelib.comm.uneven import all_to_all_uneven
+
+    if kind == "sum":
+        all_to_all_uneven(torch.zeros(5), [1, 1, 1, 1])
+    elif kind == "length":
+        all_to_all_uneven(torch.zeros(4), [2, 2])
+    else:
+        all_to_all_uneven(torch.zeros(4), None, [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("kind, pattern", [
+    ("sum", r"input_splits=\[1, 1, 1, 1\] on a group of 4 ranks; pass 4 non-negative row counts summing to 5"),
+    ("length", r"input_splits=\[2, 2\] on a group of 4 ranks"),
+    ("outputs-only", r"output_splits=\[1, 1, 1, 1\] without input_splits"),
+])
+def test_bad_splits_are_value_errors(cluster4, kind, pattern):
+    with pytest.raises(RankError, match=pattern):
+        cluster4.run(_bad, kind)
+    assert cluster4.run(_traced, [[1] * 4] * 4)  # usable again
