@@ -8,5 +8,7 @@ the schedule for a model on a machine, with memory and step time itemised (chapt
 
 Pure (no torch): `spec` (the model and the machine), `strategy` (one strategy and its
 checks), `memory` and `timing` (the book's formulas, at the scale of a real run), `book` (the
-book's own fp32 runs on simulated devices, predicted), `search` (evaluate, search, explain).
+book's own fp32 runs on simulated devices, predicted), `search` (evaluate, search, explain),
+`orders` (the order of the mesh axes on nodes: which axis crosses between nodes, measured from
+a trace beside the planner).
 """

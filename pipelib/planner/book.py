@@ -37,7 +37,7 @@ def to_plan(lay: Strategy, m: int):
 
     return Plan(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, data_parallel=TRAINER_KINDS[lay.zero],
                 sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule=lay.schedule,
-                microbatches=m if lay.pp > 1 else 2, recompute=lay.recompute)
+                microbatches=m if lay.pp > 1 else 2, recompute=lay.recompute, order=lay.order)
 
 
 def num_tensors(model: ModelSpec, lay: Strategy) -> int:

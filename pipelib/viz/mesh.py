@@ -59,7 +59,7 @@ def _columns(topo: Topology, gpus_per_node: int | None) -> int:
     return max(cols, 1)
 
 
-def _hover(row: dict, gpus_per_node: int | None) -> str:
+def _rank_hover(row: dict, gpus_per_node: int | None) -> str:
     coords = ", ".join(f"{a}={i}" for a, i in row["coords"].items()) or "one rank"
     node = f" · node {row['rank'] // gpus_per_node}" if gpus_per_node else ""
     groups = "<br>".join(f"{a} group: ranks {', '.join(map(str, g))}" for a, g in row["groups"].items())
@@ -96,7 +96,7 @@ def mesh_figure(topology: Topology, gpus_per_node: int | None = None, *, order=N
         mode="markers+text", text=[str(r) for r in range(topo.world_size)], textfont=dict(color="white", size=12),
         marker=dict(size=34, symbol="square", color=next(iter(colourings.values())),
                     line=dict(width=1, color="white")),
-        hovertext=[_hover(row, gpus_per_node) for row in rows], hoverinfo="text", name="ranks", showlegend=False))
+        hovertext=[_rank_hover(row, gpus_per_node) for row in rows], hoverinfo="text", name="ranks", showlegend=False))
     for a in axes:
         xs, ys = _group_lines(topo, a, xy)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=AXIS_COLORS[a], width=3),
