@@ -5,8 +5,18 @@
   choices, the Switch loss) and GShard's dispatch and combine tensors (torch, no process group);
 - `policies`: one registry entry per drop policy (lowest probability, latest position);
 - `balance`: the Switch load-balancing loss, DeepSeek-V3's auxiliary-loss-free bias update, the
-  max/mean imbalance.
+  max/mean imbalance;
+- `experts`: one expert (the GPT's MLP), seeded per (layer, expert); which experts an ep rank holds;
+- `dispatch`: counts exchanged first, then the dispatch and combine uneven all-to-alls (the
+  registry's `all_to_all_uneven`, or its gloo twin) with their autograd;
+- `layer`: the `MoE` layer (router, experts, local or across an ep group) and its `MoESpec`;
+- `gpt`: MoE layers put into the tiny GPT from outside, the loss with the Switch terms, the
+  bias step on global counts, `apply_expert_parallel`;
+- `training`: EP x DP training on a mesh (gradients of experts and of the replicated rest
+  reduced over their groups) and the one-process reference with the same routing.
 
-Chapter 16 uses all of it. Import each name from its module
+Chapter 16 uses all of it. The runtime layer: the strategy cores take their groups as arguments
+(`dispatch`, `gpt`, `training`); `routing`, `policies`, `balance`, `experts` and `layer` run
+without a process group. Import each name from its module
 (`from pipelib.expert_parallel.routing import route`); importing the package imports nothing.
 """
