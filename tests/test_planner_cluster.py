@@ -30,10 +30,20 @@ STRATEGIES = [
     Strategy(dp=2, pp=2, micro_batch=2, **BOOK),
     Strategy(tp=2, pp=2, micro_batch=4, **BOOK),
     Strategy(dp=2, pp=2, micro_batch=1, schedule="interleaved_1f1b", virtual=2, **BOOK),
+    Strategy(pp=4, micro_batch=1, schedule="gpipe", **BOOK),
+    Strategy(tp=2, pp=2, micro_batch=2, schedule="gpipe", **BOOK),
 ]
+ZERO = [Strategy(dp=4, micro_batch=2, **{**BOOK, "zero": z}) for z in (1, 2, 3)]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: f"dp{s.dp}tp{s.tp}pp{s.pp}-{s.schedule}-{s.recompute}")
+def _id(s):
+    return f"dp{s.dp}tp{s.tp}pp{s.pp}-zero{s.zero}-{s.schedule}-{s.recompute}"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES + [
+    pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="the tracker counts ZeRO's flat parameter "
+                                            "buffers again as saved activations (module docstring)"))
+    for s in ZERO], ids=_id)
 def test_prediction_within_5_percent_of_memory_and_10_of_time(cluster4, strategy):
     m = check_strategy(SPEC, 4, BATCH, strategy)
     results = run(cluster4, Recipe(GPT, batch_size=BATCH, steps=2, lr=1e-3), to_plan(strategy, m))

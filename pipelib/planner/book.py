@@ -47,32 +47,80 @@ def num_tensors(model: ModelSpec, lay: Strategy) -> int:
 
 
 def book_memory(model: ModelSpec, lay: Strategy, m: int) -> dict:
+    """Bytes the fullest rank holds at its peak, itemised (a pipeline: every rank's, the largest)."""
     from pipelib.planner.memory import stage_params
     from pipelib.recompute.formulas import predict_policy
     from pipelib.tensor_parallel.formulas import tp_layer_activation_bytes
 
+    if lay.pp > 1:
+        return max(pipeline_rank_memory(model, lay, m), key=lambda d: sum(d.values()))
     psi = stage_params(model, lay)
     states = zero_state_bytes(psi, lay.dp, lay.zero, False)
     opt = states.optimizer + 4 * num_tensors(model, lay)
     b, s, h, a, t = lay.micro_batch, model.seq_len, model.hidden, model.n_head, lay.tp
-    layers = model.n_layer // lay.pp
+    layers = model.n_layer
     cfg = gpt_config(model, layers)
-    if lay.tp == 1 and lay.pp == 1:
+    if lay.tp == 1:
         acts = predict_policy(cfg, b, s, lay.recompute).peak_bytes
-    elif lay.pp == 1:  # tensor parallel: blocks as chapter 09 counts them, the vocabulary-parallel head
+    else:  # tensor parallel: blocks as chapter 09 counts them, the vocabulary-parallel head
         blocks = layers * tp_layer_activation_bytes(b, s, h, a, t, F32, sequence_parallel=lay.sequence_parallel)
         outside = gpt_activation_bytes(cfg, b, s, F32) - layers * gpt_layer_activation_bytes(cfg, b, s, F32)
         logits = F32 * b * s * model.vocab
         acts = blocks + outside - logits + logits // t
-    else:  # the first stage: its blocks and the embedding's indices, for each microbatch in flight
-        from pipelib.planner.memory import in_flight
-
-        layer = (gpt_layer_activation_bytes(cfg, b, s, F32) if t == 1 else
-                 tp_layer_activation_bytes(b, s, h, a, t, F32, sequence_parallel=lay.sequence_parallel))
-        per_mb = layers * layer + INDEX_BYTES * (b * s + s)
-        acts = in_flight(lay, m) * per_mb
     return {"parameters": states.params, "gradients": states.grads, "optimizer": opt,
             "activations": acts, "buffers": 0}
+
+
+def stage_activation_bytes(model: ModelSpec, lay: Strategy, stage: int, num_stages: int) -> int:
+    """Bytes one microbatch leaves saved on pipeline stage `stage` of `num_stages`: its blocks
+    (chapter 03's count, chapter 09's under tp), the token and position indices on the first
+    stage, ln_f and the loss (its log-softmax over the vocabulary, V/t under tp) on the last."""
+    from pipelib.tensor_parallel.formulas import tp_layer_activation_bytes
+
+    b, s, h, a, t = lay.micro_batch, model.seq_len, model.hidden, model.n_head, lay.tp
+    layers = model.n_layer // num_stages
+    cfg = gpt_config(model, layers)
+    layer = (gpt_layer_activation_bytes(cfg, b, s, F32) if t == 1 else
+             tp_layer_activation_bytes(b, s, h, a, t, F32, sequence_parallel=lay.sequence_parallel))
+    out = layers * layer
+    indices = INDEX_BYTES * (b * s + s)
+    if stage == 0:
+        out += indices
+    if stage == num_stages - 1:  # what a 0-layer GPT saves, less its embedding's indices
+        logits = F32 * b * s * model.vocab
+        out += gpt_activation_bytes(gpt_config(model, 0), b, s, F32) - indices - logits + logits // t
+    return out
+
+
+def pipeline_rank_memory(model: ModelSpec, lay: Strategy, m: int) -> list[dict]:
+    """Every pipeline rank's bytes at its peak, itemised: its stages' parameters (the embedding on
+    the first, ln_f and the tied head's copy on the last), Adam's state, and the activations
+    its schedule keeps, replayed from the schedule's own actions (a forward saves its stage's
+    microbatch, the backward that ends it frees it): GPipe's last rank holds m microbatches
+    of the loss's log-softmax, 1F1B's one."""
+    from pipelib.pipeline.schedules.ir import Op
+    from pipelib.pipeline.schedules.registry import make_schedule
+
+    sched = make_schedule(lay.schedule, lay.pp, m, lay.virtual if lay.virtual > 1 else None)
+    n = sched.num_stages
+    per_mb = [stage_activation_bytes(model, lay, k, n) for k in range(n)]
+    layers, t, h, v = model.n_layer // n, lay.tp, model.hidden, model.vocab
+    block = model.layer_split_params() // t + model.layer_replicated_params()
+    out = []
+    for r in range(sched.num_ranks):
+        psi = tensors = 0
+        for k in sched.stages_of(r):
+            psi += layers * block + (v * h // t + model.seq_len * h if k == 0 else 0)
+            psi += v * h // t + 2 * h if k == n - 1 else 0
+            tensors += 12 * layers + (2 if k == 0 else 0) + (3 if k == n - 1 else 0)
+        held = peak = 0
+        for act in sched.actions[r]:
+            held += per_mb[act.stage] if act.op == Op.F else -per_mb[act.stage] if act.op in (Op.B, Op.W) else 0
+            peak = max(peak, held)
+        states = zero_state_bytes(psi, lay.dp, lay.zero, False)
+        out.append({"parameters": states.params, "gradients": states.grads,
+                    "optimizer": states.optimizer + 4 * tensors, "activations": peak, "buffers": 0})
+    return out
 
 
 def book_step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) -> dict:
@@ -94,10 +142,13 @@ def book_step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) ->
     optimizer = adam_bytes_moved(psi // (lay.dp if lay.zero else 1)) / dev.mem_bandwidth
     tp = 0.0
     if t > 1:
-        c = tp_step_counts(layers, b * m, s, model.hidden, t, F32, vocab=True)
+        # a pipeline runs a stage's collectives once per microbatch, and they lengthen every
+        # stage time on its critical path: the m microbatches and the p - 1 of fill and drain
+        rows, times = (b, m + lay.pp - 1) if lay.pp > 1 else (b * m, 1)
+        c = tp_step_counts(layers, rows, s, model.hidden, t, F32, vocab=True)
         link = link_of("tp", lay, machine)
-        tp = (c.forward_calls + c.backward_calls) * 2 * (t - 1) * link.alpha \
-            + (c.forward_bytes + c.backward_bytes) / link.beta
+        tp = times * ((c.forward_calls + c.backward_calls) * 2 * (t - 1) * link.alpha
+                      + (c.forward_bytes + c.backward_bytes) / link.beta)
     pp = 0.0
     if lay.pp > 1:
         link = link_of("pp", lay, machine)
