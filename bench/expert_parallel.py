@@ -1,0 +1,124 @@
+"""Mixture-of-experts dispatch and combine: pipelib's uneven all-to-all (point-to-point messages,
+`pipelib.comm.uneven`) against gloo's `all_to_all_single` with split sizes, as a throughput ratio.
+
+Real CPU engines (`Cluster(device="cpu")`), world 2 and 4. For each size (bytes each rank
+dispatches, 64 KiB .. 16 MiB; rows of 1 KiB, 256 fp32 values, a token of C = 256), every rank
+splits its rows unevenly over the ranks (a seeded split, zero runs included, as a router's
+counts are), the counts known to both sides (exchanged once beforehand, as the MoE layer does).
+One round times, between barriers on every rank, a dispatch then the combine that brings the
+rows back (the reverse splits), for each variant in turn (the order flipping each round so a
+drift in load hits both alike): "ours" (the registry's `all_to_all_uneven` as the MoE layer
+calls it: counts given, unchecked), "ours_checked" (the default call: the ranks agree on the
+counts first, one more message round) and "gloo" (`all_to_all_single`, the twin). A round's
+time is the slowest rank's. Reported: medians, and the ratio gloo time / ours (1.0: as fast as
+gloo; above 1.0: faster), the median of the per-round ratios (paired). Issue 23's target:
+0.9 or more at 1 MiB per rank and above.
+
+Wall-clock numbers on a shared 2-core machine are noisy: read the ratios and the load printed.
+Writes bench/results/expert_parallel.json.
+
+    .venv/bin/python bench/expert_parallel.py [--quick] [--worlds 2,4] [--repeats 9]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _results import load, write  # noqa: E402
+
+ROW = 1024  # bytes per token row: 256 fp32
+VARIANTS = ("ours", "ours_checked", "gloo")
+
+
+def _race(sizes, repeats, seed, row, variants):
+    """On every rank: {bytes: {variant: [seconds per round]}}, dispatch + combine each (no
+    globals: this runs on the engines)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from pipelib.comm.registry import collective_info
+    from pipelib.runtime.device import current
+
+    info = collective_info("all_to_all_uneven")
+    n, r = dist.get_world_size(), dist.get_rank()
+    torch.set_num_threads(1)
+
+    def splits(rows, s):  # an uneven split of `rows` over n ranks, one matrix for every rank
+        g = torch.Generator().manual_seed(seed + s)
+        w = torch.rand(n, n, generator=g) * (torch.rand(n, n, generator=g) > 0.2)
+        w[:, 0] += 1e-3  # never all zero
+        m = (w / w.sum(1, keepdim=True) * rows).floor().long()
+        m[:, -1] += rows - m.sum(1)
+        return m
+
+    def run(name, x, ins, outs):
+        if name == "gloo":
+            y = info.twin(x, None, input_splits=ins, output_splits=outs)
+            return info.twin(y, None, input_splits=outs, output_splits=ins)
+        check = name == "ours_checked"
+        y = info.run(x, None, input_splits=ins, output_splits=outs, check=check)
+        return info.run(y, None, input_splits=outs, output_splits=ins, check=check)
+
+    out = {}
+    for s, nb in enumerate(sizes):
+        m = splits(nb // row, s)
+        ins, outs = m[r].tolist(), m[:, r].tolist()
+        x = torch.randn(nb // row, row // 4)
+        for name in variants:  # warm-up, and every variant brings the rows back unchanged
+            assert torch.equal(run(name, x, ins, outs), x), name
+        out[nb] = {k: [] for k in variants}
+        for i in range(repeats):
+            for name in (variants if i % 2 == 0 else variants[::-1]):
+                dist.barrier()
+                t0 = time.perf_counter()
+                run(name, x, ins, outs)
+                out[nb][name].append(time.perf_counter() - t0)
+            current().tracer.clear()
+    return out
+
+
+def main(argv=None) -> dict:
+    from pipelib import Cluster
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--quick", action="store_true", help="fewer sizes, 3 rounds (a smoke run)")
+    a = ap.parse_args(argv)
+    top = 22 if a.quick else 24
+    sizes = [2**k for k in range(16, top + 1, 2)]
+    repeats = 3 if a.quick else a.repeats
+    out = {"row_bytes": ROW, "sizes": sizes, "repeats": repeats, "cores": os.cpu_count(), "load_before": load(),
+           "worlds": {}}
+    for n in [int(w) for w in a.worlds.split(",")]:
+        with Cluster(n, device="cpu", timeout=600) as cluster:
+            per_rank = cluster.run(_race, sizes, repeats, 23, ROW, VARIANTS, timeout=3000)
+        rows = []
+        print(f"\nworld {n}: dispatch + combine, {repeats} rounds; ratio = gloo time / ours (1.0: as fast)")
+        print(f"{'bytes/rank':>10} {'ours ms':>8} {'checked':>8} {'gloo ms':>8} {'ratio':>6} {'checked':>8}")
+        for nb in sizes:
+            slowest = {k: [max(p[nb][k][i] for p in per_rank) for i in range(repeats)] for k in VARIANTS}
+            med = {k: statistics.median(v) for k, v in slowest.items()}
+            ratio = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["ours"]))
+            ratio_ck = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["ours_checked"]))
+            rows.append({"bytes": nb, **{f"{k}_s": v for k, v in med.items()}, "ratio": ratio,
+                         "ratio_checked": ratio_ck})
+            size = f"{nb // 2**20} MiB" if nb >= 2**20 else f"{nb // 1024} KiB"
+            print(f"{size:>10} {1e3 * med['ours']:8.2f} {1e3 * med['ours_checked']:8.2f} {1e3 * med['gloo']:8.2f} "
+                  f"{ratio:6.2f} {ratio_ck:8.2f}")
+        out["worlds"][n] = {"rows": rows, "load_after": load()}
+    print(f"\nload average before {out['load_before']}, after {load()} on {os.cpu_count()} cores")
+    print(f"wrote {write('expert_parallel', out)}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
