@@ -9,6 +9,8 @@
 - `experts`: one expert (the GPT's MLP), seeded per (layer, expert); which experts an ep rank holds;
 - `dispatch`: counts exchanged first, then the dispatch and combine uneven all-to-alls (the
   registry's `all_to_all_uneven`, or its gloo twin) with their autograd;
+- `padded`: GShard's padded dispatch (C slots per expert, one even all-to-all) and the one
+  collective that makes every rank agree on C;
 - `layer`: the `MoE` layer (router, experts, local or across an ep group) and its `MoESpec`;
 - `gpt`: MoE layers put into the tiny GPT from outside, the loss with the Switch terms, the
   bias step on global counts, `apply_expert_parallel`;
@@ -16,7 +18,7 @@
   reduced over their groups) and the one-process reference with the same routing.
 
 Chapter 16 uses all of it. The runtime layer: the strategy cores take their groups as arguments
-(`dispatch`, `gpt`, `training`); `routing`, `policies`, `balance`, `experts` and `layer` run
+(`dispatch`, `padded`, `gpt`, `training`); `routing`, `policies`, `balance`, `experts` and `layer` run
 without a process group. Import each name from its module
 (`from pipelib.expert_parallel.routing import route`); importing the package imports nothing.
 """
