@@ -10,5 +10,6 @@ Pure (no torch): `spec` (the model and the machine), `strategy` (one strategy an
 checks), `memory` and `timing` (the book's formulas, at the scale of a real run), `book` (the
 book's own fp32 runs on simulated devices, predicted), `search` (evaluate, search, explain),
 `orders` (the order of the mesh axes on nodes: which axis crosses between nodes, measured from
-a trace beside the planner).
+a trace beside the planner), `published` (GPT-3 175B and Llama 3 405B as published, one
+efficiency calibrated, the rest predicted).
 """

@@ -1,0 +1,138 @@
+"""The planner against published large runs: their configuration, where the planner ranks it,
+and the utilisation it predicts beside the published one (chapter 15).
+
+Sources (each row's `source`):
+
+- GPT-3 175B on 1024 A100s: Narayanan et al. 2021, "Efficient Large-Scale Language Model
+  Training on GPU Clusters Using Megatron-LM" (SC '21, arXiv:2104.04473), Table 1: tensor 8 x
+  pipeline 8 x data 16, global batch 1536 sequences of 2048, 163 TFLOP/s per GPU, 52% of the
+  A100's 312 TFLOP/s. Their count (eq. 3) includes the forward pass that full recomputation
+  runs again: it is a *hardware* FLOPs utilisation. Selene's nodes: 8 A100s on NVLink 3, eight
+  200 Gb/s HDR InfiniBand ports a node (25 GB/s a GPU).
+- Llama 3 405B on 8,192 and 16,384 H100s: Dubey et al. 2024, "The Llama 3 Herd of Models"
+  (arXiv:2407.21783), Table 4: tensor 8 x context 1 x pipeline 16 x data 64 (resp. 128),
+  sequences of 8192, 16M tokens a batch (2048 sequences), 430 (resp. 400) TFLOP/s per GPU, a
+  BF16 *model* FLOPs utilisation of 43% (resp. 41%). Nodes of 8 H100s on NVLink, 400 Gb/s a GPU
+  between nodes (RoCE; modelled as `LINKS["ib-ndr"]`, the same 50 GB/s). Section 3.3.2: the
+  126 layers are balanced over 16 stages by taking one layer off the first and the last stage
+  (which hold the embedding and the output layer): the planner, which splits layers evenly,
+  plans 128 layers, 1.6% more parameters and FLOPs than the model has. Their data parallelism
+  is FSDP sharding optimizer states and gradients; the planner's pipeline takes ZeRO-1 at most.
+
+What is fitted: one number, `Machine.efficiency`, the fraction of dense peak a large matmul
+reaches (the same for both devices), chosen so the planner's prediction of the *calibration*
+row equals its published figure (bisection); every other row is then a prediction, and
+`comparison` says how far off. Each row is planned with its published degrees and the
+planner's choice of everything else not published (ZeRO stage, recomputation, microbatch, schedule), and
+ranked among every feasible plan of the whole search. What each paper states beyond the degrees
+is kept (`PublishedRun.known`): Megatron-LM's full recomputation, and for both the 1F1B and
+interleaved schedules of their time (the planner's zero-bubble schedules came later). Pure. Introduced in chapter 15.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pipelib.costmodel import LINKS, PROFILES, Link
+from pipelib.planner.search import Candidate, search
+from pipelib.planner.spec import GPT3_175B, Machine, ModelSpec
+from pipelib.planner.timing import hardware_flops_per_token
+
+UTILISATION = ("model", "hardware")  # what the published FLOP count includes: the model's, or also recomputation's
+
+# Llama 3 405B (Dubey et al. 2024, table 3), planned as 128 layers (module docstring)
+LLAMA3_405B_STAGED = ModelSpec("Llama 3 405B (126 layers planned as 128)", n_layer=128, hidden=16384, n_head=128,
+                               vocab=128256, seq_len=8192, n_kv_head=8, ffn=53248, tied=False, gated=True,
+                               learned_positions=False)
+SELENE = Machine(PROFILES["a100"], gpus_per_node=8, inter_node=Link("ib-hdr", alpha=5e-6, beta=25e9))
+META_H100 = Machine(PROFILES["h100"], gpus_per_node=8, inter_node=LINKS["ib-ndr"])
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published training configuration and the utilisation it reported."""
+
+    name: str
+    model: ModelSpec
+    machine: Machine
+    n_devices: int
+    global_batch: int
+    degrees: tuple[int, int, int, int]   # dp, tp, pp, cp
+    utilisation: float
+    counts: str                          # one of UTILISATION
+    source: str
+    known: tuple = ()                    # (Strategy field, values the run could have used), as published
+
+    def allows(self, c: Candidate) -> bool:
+        lay = c.layout
+        return ((lay.dp, lay.tp, lay.pp, lay.cp) == self.degrees
+                and all(getattr(lay, f) in values for f, values in self.known))
+
+
+# the schedules both papers describe (1F1B and its interleaved form); zero-bubble schedules came later
+THEIR_SCHEDULES = ("schedule", ("1f1b", "interleaved_1f1b"))
+PUBLISHED = (
+    PublishedRun("GPT-3 175B, Megatron-LM", GPT3_175B, SELENE, 1024, 1536, (16, 8, 8, 1), 0.52, "hardware",
+                 "Narayanan et al. 2021, Table 1", known=(THEIR_SCHEDULES, ("recompute", ("full",)))),
+    PublishedRun("Llama 3 405B, 8,192 GPUs", LLAMA3_405B_STAGED, META_H100, 8192, 2048, (64, 8, 16, 1), 0.43,
+                 "model", "Dubey et al. 2024, Table 4", known=(THEIR_SCHEDULES,)),
+    PublishedRun("Llama 3 405B, 16,384 GPUs", LLAMA3_405B_STAGED, META_H100, 16384, 2048, (128, 8, 16, 1), 0.41,
+                 "model", "Dubey et al. 2024, Table 4", known=(THEIR_SCHEDULES,)),
+)
+
+
+def utilisation(c: Candidate, model: ModelSpec, machine: Machine, n_devices: int, counts: str) -> float:
+    """The candidate's FLOPs utilisation as the publication counts it: model FLOPs (`c.mfu`) or
+    hardware FLOPs (recomputation's included) over the devices' dense peak."""
+    if counts not in UTILISATION:
+        raise ValueError(f"counts={counts!r}; use one of {UTILISATION}")
+    if counts == "model":
+        return c.mfu
+    return hardware_flops_per_token(model, c.layout) * c.tokens_per_s / (n_devices * machine.device.flops)
+
+
+def _ranked(run: PublishedRun, efficiency: float) -> tuple[list[Candidate], int]:
+    """Every feasible plan, fastest first, and the index of the fastest the run could have used
+    (its degrees and what else it published, `PublishedRun.known`)."""
+    machine = replace(run.machine, efficiency=efficiency)
+    found = search(run.model, machine, run.n_devices, run.global_batch, cp=(run.degrees[3],))
+    at = next((i for i, c in enumerate(found) if run.allows(c)), None)
+    if at is None:
+        raise ValueError(f"{run.name}: no feasible plan with dp, tp, pp, cp = {run.degrees} and {dict(run.known)} "
+                         f"on {run.n_devices} x {machine.device.name}; the planner finds it does not fit")
+    return found, at
+
+
+def predicted(run: PublishedRun, efficiency: float) -> float:
+    """The utilisation the planner predicts for `run`'s degrees at `efficiency`, counted as published."""
+    found, at = _ranked(run, efficiency)
+    return utilisation(found[at], run.model, replace(run.machine, efficiency=efficiency), run.n_devices, run.counts)
+
+
+def calibrate(run: PublishedRun, lo: float = 0.05, hi: float = 1.0, steps: int = 40) -> float:
+    """The efficiency at which the planner's prediction of `run` equals its published
+    utilisation (bisection; predictions rise with efficiency); a ValueError if none in (lo, hi]."""
+    if not predicted(run, lo) <= run.utilisation <= predicted(run, hi):
+        raise ValueError(f"{run.name}: published {run.utilisation:.0%} is outside what efficiency in "
+                         f"[{lo}, {hi}] predicts; check the run's figures")
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted(run, mid) < run.utilisation else (lo, mid)
+    return (lo + hi) / 2
+
+
+def comparison(runs=PUBLISHED, calibrate_on: int = 0) -> tuple[float, list[dict]]:
+    """(efficiency, rows): the efficiency fitted on `runs[calibrate_on]`, and for every run its
+    published degrees, the planner's plan with them, its rank among all feasible plans, the
+    predicted and published utilisation and the error, and the planner's own first choice."""
+    eff = calibrate(runs[calibrate_on])
+    rows = []
+    for i, run in enumerate(runs):
+        found, at = _ranked(run, eff)
+        machine = replace(run.machine, efficiency=eff)
+        mine = utilisation(found[at], run.model, machine, run.n_devices, run.counts)
+        rows.append({"run": run.name, "source": run.source, "counts": run.counts, "calibration": i == calibrate_on,
+                     "degrees": run.degrees, "plan": found[at], "rank": at + 1, "feasible": len(found),
+                     "published": run.utilisation, "predicted": mine, "error": mine / run.utilisation - 1,
+                     "best": found[0],
+                     "best_utilisation": utilisation(found[0], run.model, machine, run.n_devices, run.counts)})
+    return eff, rows
