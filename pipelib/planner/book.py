@@ -71,7 +71,7 @@ def book_memory(model: ModelSpec, lay: Strategy, m: int) -> dict:
             "activations": acts, "buffers": 0}
 
 
-def stage_activation_bytes(model: ModelSpec, lay: Strategy, stage: int, num_stages: int) -> int:
+def stage_microbatch_bytes(model: ModelSpec, lay: Strategy, stage: int, num_stages: int) -> int:
     """Bytes one microbatch leaves saved on pipeline stage `stage` of `num_stages`: its blocks
     (chapter 03's count, chapter 09's under tp), the token and position indices on the first
     stage, ln_f and the loss (its log-softmax over the vocabulary, V/t under tp) on the last."""
@@ -103,7 +103,7 @@ def pipeline_rank_memory(model: ModelSpec, lay: Strategy, m: int) -> list[dict]:
 
     sched = make_schedule(lay.schedule, lay.pp, m, lay.virtual if lay.virtual > 1 else None)
     n = sched.num_stages
-    per_mb = [stage_activation_bytes(model, lay, k, n) for k in range(n)]
+    per_mb = [stage_microbatch_bytes(model, lay, k, n) for k in range(n)]
     layers, t, h, v = model.n_layer // n, lay.tp, model.hidden, model.vocab
     block = model.layer_split_params() // t + model.layer_replicated_params()
     out = []
