@@ -33,12 +33,15 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/, also when imported by path
 from _results import load, write  # noqa: E402
 
-SPEC = dict(kind="mlp", in_features=1024, hidden=1024, out_features=1024, num_layers=4)
+from pipelib.model import MLPConfig  # noqa: E402
+from pipelib.recipe import Recipe  # noqa: E402
+
+SPEC = Recipe(MLPConfig(in_features=1024, hidden=1024, out_features=1024, num_layers=4), lr=1e-3)
 TARGET = 1.15  # pipelib ZeRO-3 / torch FSDP2
 ORDER = ("zero3", "fsdp2", "zero0")
 
 
-def measure(world_size: int, steps: int = 7, batch_per_rank: int = 64, spec: dict | None = None,
+def measure(world_size: int, steps: int = 7, batch_per_rank: int = 64, spec: Recipe | None = None,
             deepspeed: bool = False) -> dict:
     """Median step times (seconds) of zero3, fsdp2 and zero0 on `world_size` CPU engines, and
     the ratios zero3/fsdp2 and zero3/zero0. With `deepspeed`, also DeepSpeed's ZeRO-3 on the
@@ -47,20 +50,20 @@ def measure(world_size: int, steps: int = 7, batch_per_rank: int = 64, spec: dic
     from pipelib import Cluster
     from pipelib.data_parallel.zero_bench import zero_bench_setup, zero_bench_times
 
-    spec = dict(spec or SPEC)
+    spec = (spec or SPEC).replace(batch_size=batch_per_rank * world_size)
     with Cluster(world_size, device="cpu", timeout=600) as cluster:
-        psi = cluster.run(zero_bench_setup, spec, batch_per_rank * world_size)[0]
+        psi = cluster.run(zero_bench_setup, spec)[0]
         times = cluster.run(zero_bench_times, ORDER, steps)[0]  # in turn, the slowest rank's times
     med = {k: statistics.median(v) for k, v in times.items()}
     extra = {}
     if deepspeed:
         from pipelib.data_parallel.deepspeed_twin import run_deepspeed
 
-        ds = run_deepspeed(spec, 3, world_size=world_size, steps=steps + 1, batch=batch_per_rank * world_size)
+        ds = run_deepspeed(spec.replace(steps=steps + 1), 3, world_size=world_size)
         extra = {"deepspeed_zero3_s": statistics.median(ds.times[1:]),
                  "zero3_over_deepspeed_zero3": med["zero3"] / statistics.median(ds.times[1:]),
                  "deepspeed_init_s": ds.stats["init_seconds"]}
-    return {**extra, "world_size": world_size, "psi": psi, "spec": spec, "batch_per_rank": batch_per_rank,
+    return {**extra, "world_size": world_size, "psi": psi, "recipe": spec.to_dict(), "batch_per_rank": batch_per_rank,
             "steps": steps, "median_s": med, "times_s": times,
             "zero3_over_fsdp2": med["zero3"] / med["fsdp2"], "target": TARGET,
             "zero3_over_zero0": med["zero3"] / med["zero0"]}

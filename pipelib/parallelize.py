@@ -90,9 +90,10 @@ class Plan:
                              f"dtype is {recipe.dtype}; use Recipe(dtype=torch.float32) or data_parallel='ddp'")
         if (self.tp > 1 or self.pp > 1 or self.cp > 1) and not isinstance(recipe.model, GPTConfig):
             raise ValueError("Plan: tp, pp and cp split the GPT's blocks or its sequence; use a GPTConfig recipe")
-        if self.cp > 1 and recipe.model.block_size % (2 * self.cp):
+        seq_len = recipe.seq_len or getattr(recipe.model, "block_size", 0)
+        if self.cp > 1 and seq_len % (2 * self.cp):
             raise ValueError(f"Plan: cp={self.cp} cuts each sequence into {2 * self.cp} zigzag chunks, but "
-                             f"block_size={recipe.model.block_size}; use a multiple of {2 * self.cp}")
+                             f"the recipe's sequences are {seq_len} tokens; use a multiple of {2 * self.cp}")
         if self.pp > 1 and recipe.model.n_layer < self.pp:
             raise ValueError(f"Plan: pp={self.pp} stages but the GPT has n_layer={recipe.model.n_layer} "
                              f"blocks; every stage needs one: use n_layer >= {self.pp}")

@@ -12,18 +12,25 @@ takes the r-th contiguous slice, so a run resumed at step k (chapter 18) or re-l
 other ranks sees the same rows. The reference runs on `pipelib.train.train_steps`, the loop of
 chapters 02-03.
 
+`first_step()` is the reference of a single step (one forward and backward of step 0's batch,
+no optimizer step). Every chapter from 07 on checks its strategy against one of the two: DDP
+and ZeRO (07-08) and context parallelism (17) over training runs, tensor parallelism and the
+pipelines (09-14) over one step; the batches all come from `pipelib.batches.global_batch`.
+
 Pure of any process group: `Recipe` is a frozen value that prints and round-trips through JSON,
 so the book prints it, a checkpoint stores it, and `python -m pipelib train` reads it.
-Introduced in chapter 15; chapters 07-09 and 14 run their strategies on it.
+Introduced with the spine (chapter 15).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import torch
 
+from pipelib.batches import check_data, global_batch
 from pipelib.model import GPT, MLP, GPTConfig, MLPConfig
 
 OPTIMIZERS = MappingProxyType({"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD})
@@ -35,23 +42,13 @@ def build_model(config, seed: int = 0):
     return GPT(config, seed=seed) if isinstance(config, GPTConfig) else MLP(config, seed=seed)
 
 
-def global_batch(config, batch: int, step: int, seed: int = 0):
-    """Step `step`'s global batch (x, y), the same on every rank and in the single process:
-    random token windows for the GPT (B, T), random points and classes for the MLP (B, in)."""
-    g = torch.Generator().manual_seed(seed * 100_003 + step)
-    if isinstance(config, GPTConfig):
-        xy = torch.randint(config.vocab_size, (batch, config.block_size + 1), generator=g)  # (B, T + 1)
-        return xy[:, :-1].contiguous(), xy[:, 1:].contiguous()
-    x = torch.randn(batch, config.in_features, generator=g)  # (B, in)
-    return x, torch.randint(config.out_features, (batch,), generator=g)  # (B,)
-
-
 def loss_of(model, x, y):
     """The mean loss of `model` (or its wrapper) on (x, y): the GPT's own for token targets
     (B, T), cross-entropy of the MLP's logits for class targets (B,)."""
     if y.dim() == 2:
         return model(x, y)[1]
-    return torch.nn.functional.cross_entropy(model(x), y)
+    logits = model(x)  # (B, classes): bf16 logits are compared in fp32, as mixed precision does
+    return torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y)
 
 
 def as_dtype(dtype) -> torch.dtype:
@@ -82,6 +79,9 @@ class Recipe:
     optimizer: str = "adam"      # a key of OPTIMIZERS
     lr: float = 1e-2
     dtype: torch.dtype = torch.float32
+    seq_len: int | None = None   # tokens per row of a GPT batch (None: the model's block_size)
+    data: str = "random"         # a key of pipelib.batches.DATA
+    mixed_precision: bool = False  # bf16 compute, fp32 master weights in the optimizer (Adam)
 
     def __post_init__(self):
         from pipelib.checks import check_int
@@ -92,17 +92,44 @@ class Recipe:
             raise ValueError(f"Recipe: optimizer={self.optimizer!r}; use one of {list(OPTIMIZERS)}")
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
         _dtype_key(self.dtype)
+        check_data(self.data)
+        if self.seq_len is not None:
+            check_int(self.seq_len, "seq_len", context="Recipe")
+        if self.mixed_precision and (self.dtype != torch.float32 or OPTIMIZERS[self.optimizer] is not torch.optim.Adam):
+            raise ValueError(f"Recipe: mixed_precision=True with dtype={self.dtype}, optimizer={self.optimizer!r}: "
+                             f"mixed precision keeps fp32 master weights for torch's Adam; use "
+                             f"dtype=torch.float32 and optimizer='adam'")
         if not isinstance(self.model, (GPTConfig, MLPConfig)):
             raise ValueError(f"Recipe: model={self.model!r}; pass a pipelib.model.GPTConfig or MLPConfig")
+
+    def replace(self, **changes) -> Recipe:
+        """The same recipe with `changes` (`dataclasses.replace`): `SMALL.replace(steps=1, batch_size=32)`."""
+        return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------ the pieces
     def build(self) -> torch.nn.Module:
         """The whole model, the same on every rank (same seed) and in the reference."""
         return build_model(self.model, self.seed).to(self.dtype)
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype of the forward and backward: bf16 under mixed precision, else `dtype`."""
+        return torch.bfloat16 if self.mixed_precision else self.dtype
+
+    @functools.cached_property
+    def _corpus(self):
+        from pipelib.data import char_corpus
+
+        return char_corpus()  # loaded once per recipe, not per step
+
+    def __getstate__(self):  # the loaded corpus stays here: engines load their own
+        return {k: v for k, v in self.__dict__.items() if k != "_corpus"}
+
     def global_batch(self, step: int):
-        x, y = global_batch(self.model, self.batch_size, step, self.data_seed)
-        return (x.to(self.dtype) if x.is_floating_point() else x), y
+        """Step `step`'s whole batch (`pipelib.batches.global_batch`), inputs in `compute_dtype`."""
+        x, y = global_batch(self.model, self.batch_size, step, self.data_seed, seq_len=self.seq_len,
+                            data=self.data, corpus=lambda: self._corpus)
+        return (x.to(self.compute_dtype) if x.is_floating_point() else x), y
 
     def batch(self, step: int, dp_rank: int = 0, dp_size: int = 1):
         """Data-parallel rank `dp_rank`'s rows of step `step`'s global batch (x, y), copies of
@@ -122,6 +149,21 @@ class Recipe:
         return OPTIMIZERS[self.optimizer](params, lr=self.lr)
 
     # ------------------------------------------------------------------ the reference
+    def first_step(self, keep_logits: bool = False):
+        """One forward and backward of step 0's whole batch in one process, no optimizer step: a
+        `StepResult` with the loss and the gradients, the reference of a single step (chapters
+        09-14 check one step of a strategy against it); `keep_logits`: also the model's output,
+        as `stats["logits"]` (chapter 09 compares tensor parallelism's gathered logits with it)."""
+        from pipelib.results import StepResult
+
+        model = self.build().to(self.compute_dtype)
+        x, y = self.global_batch(0)
+        out = model(x, y) if y.dim() == 2 else (model(x), None)  # the GPT: (logits, loss)
+        loss = out[1] if y.dim() == 2 else loss_of(lambda _: out[0], x, y)
+        loss.backward()
+        grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+        return StepResult(loss=loss.detach(), grads=grads, stats={"logits": out[0].detach()} if keep_logits else {})
+
     def reference(self):
         """One process trains the whole batch for `steps` steps: a `StepResult` with the last
         loss, every step's loss, the last step's gradients and the parameters afterwards."""
@@ -130,9 +172,18 @@ class Recipe:
 
         model = self.build()
         batches = (self.global_batch(s) for s in range(self.steps))
-        losses, grads = train_steps(model, batches, self.make_optimizer(model.parameters()), loss_of)
-        params = {k: p.detach().clone() for k, p in model.named_parameters()}
-        return StepResult(loss=torch.tensor(losses[-1]), grads=grads, losses=tuple(losses), params=params)
+        if self.mixed_precision:
+            from pipelib.data_parallel.mixed_precision import MasterWeightAdam
+
+            opt = MasterWeightAdam(model, lr=self.lr)  # makes the model bf16
+        else:
+            opt = self.make_optimizer(model.parameters())
+        losses, grads = train_steps(model, batches, opt, loss_of)
+        grads = {k: g.float() for k, g in grads.items()} if self.mixed_precision else grads
+        params = opt.master_parameters() if self.mixed_precision else \
+            {k: p.detach().clone() for k, p in model.named_parameters()}
+        return StepResult(loss=torch.tensor(losses[-1], dtype=self.dtype), grads=grads, losses=tuple(losses),
+                          params=params)
 
     # ------------------------------------------------------------------ printing, JSON
     def to_dict(self) -> dict:

@@ -7,7 +7,7 @@ gathers the ranks' results and asserts they equal one process running the whole 
 loss, and every gradient (and parameter, after optimizer steps) under the monolith's names.
 
     results = run_train_step(cluster, "1f1b", 4, 8, cfg)    # [StepResult or None] per rank
-    agreed = check_against_reference(results, *monolith_step(cfg, 16))
+    agreed = check_against_reference(results, Recipe(cfg, batch_size=16).first_step())
     print(agreed)                                           # 1 loss, 8 gradients, max |diff| 0
 
 Introduced in chapter 10; every later chapter's "same as one process" check goes through it.
@@ -111,7 +111,7 @@ def check_against_reference(results: Sequence[StepResult | None], ref_loss=None,
                             rtol: float | None = None, atol: float | None = None) -> Agreement:
     """Assert the ranks' results equal the single-process reference; return what was checked.
 
-    The reference is a `StepResult` (`pipelib.recipe.Recipe.reference()`), whose loss, grads,
+    The reference is a `StepResult` (`Recipe.reference()` or `Recipe.first_step()`), whose loss, grads,
     params and per-step losses are all checked, or its parts given one by one. With
     `ref_losses`, the loss rank's `losses` (one per step) equal them too.
 

@@ -31,11 +31,14 @@ def _global_positions(n: int, rank: int, layout: str, module, args, kwargs):
     return args, {**kwargs, "positions": positions}
 
 
-def apply_context_parallel(model, group, layout: str = "zigzag"):
+def apply_context_parallel(model, group, layout: str = "zigzag", *, global_positions: bool = True):
     """Make `model` (the book's GPT, possibly tensor-parallel) run on a shard of the sequence:
-    ring attention over `group` in every block, global positions in the embedding."""
+    ring attention over `group` in every block, global positions in the embedding
+    (`global_positions=False` leaves each shard at 0..c-1: the mistake chapter 17 shows)."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    model.embed.register_forward_pre_hook(functools.partial(_global_positions, n, rank, layout), with_kwargs=True)
+    if global_positions:
+        model.embed.register_forward_pre_hook(functools.partial(_global_positions, n, rank, layout),
+                                              with_kwargs=True)
     for block in model.blocks:
         block.attn.core = functools.partial(ring_attention, group=group, layout=layout, causal=True)
     model.cp_group, model.cp_layout = group, layout

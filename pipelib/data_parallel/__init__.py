@@ -14,7 +14,7 @@
 - `kinds`: the ways `pipelib.parallelize` reduces over the dp axis (DDP's buckets, ZeRO 1-3);
 - `steps`: the registry of DDP steps (`DDP_STEPS`), torch's DDP behind the same four calls;
 - `runner`: `run_ddp` (train k steps with any step, or torch's DistributedDataParallel, on a
-  group of a cluster, arguments checked first), `reference_step` (one process, whole batch);
+  group of a cluster, arguments checked first, against `Recipe.reference()`);
 - `versus`: `run_versus`: the steps and torch's DDP built once, timed step by step in turn
   (bench/data_parallel.py);
 - `efficiency`: pure: the DDP step's compute and all-reduce times from FLOPs and the alpha-beta

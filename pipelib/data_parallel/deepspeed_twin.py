@@ -17,7 +17,7 @@ Two things DeepSpeed compiles on first use, and how this twin avoids both:
   build, to measure the difference).
 
 Every rank trains `steps` steps on its slice of the same batches as pipelib's ZeRO and the
-single process (`zero_batches`); rank 0 writes the gradients of the first step and the
+single process (`Recipe.batch`); rank 0 writes the gradients of the first step and the
 parameters after the last one, gathered to full tensors with `deepspeed.utils.safe_get_full_grad`
 / `safe_get_full_fp32_param`, to a file the caller loads.
 
@@ -74,20 +74,20 @@ def _worker(rank, world_size, store_path, job, out_path):
     logger.setLevel(logging.ERROR)
     if not job["build_shm"]:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+    from pipelib.recipe import Recipe, loss_of
 
-    model = zero_model(job["model"])
+    recipe = Recipe.from_dict(job["recipe"])
+    model = recipe.build()
     t0 = time.perf_counter()
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                            config=job["config"], dist_init_required=False)
     init_s = time.perf_counter() - t0
     names = [n for n, _ in model.named_parameters()]
     grads, losses, times = None, [], []
-    for step, (x, y) in enumerate(zero_batches(job["model"], job["steps"], job["batch"], world_size, rank)):
-        if job["config"].get("bf16", {}).get("enabled") and x.is_floating_point():
-            x = x.to(torch.bfloat16)
+    for step in range(recipe.steps):
+        x, y = recipe.batch(step, rank, world_size)  # inputs in bf16 under mixed precision
         t = time.perf_counter()
-        loss = zero_loss(engine, x, y)
+        loss = loss_of(engine, x, y)
         engine.backward(loss)
         if step == 0:
             grads = {n: safe_get_full_grad(p).detach().float().clone()
@@ -117,26 +117,32 @@ def _worker(rank, world_size, store_path, job, out_path):
     os._exit(0)
 
 
-def run_deepspeed(model_spec: dict, stage: int, *, world_size: int = 2, steps: int = 3, batch: int = 8,
-                  lr: float = 1e-3, bf16: bool = False, build_shm: bool = False):
-    """Train `model_spec` (see `pipelib.data_parallel.zero_runner.zero_model`) with DeepSpeed ZeRO
-    `stage` on `world_size` spawned CPU processes; return rank 0's `StepResult`: grads of the
-    *first* step (full tensors), params after `steps`, losses (the whole batch's, averaged over
-    ranks), times (seconds per step), stats {"config", "init_seconds" (deepspeed.initialize),
-    "state_numel" (rank 0's Adam moments, in elements), "seconds" (the whole run, process
-    start-up included)}. `batch` is the global batch."""
+def run_deepspeed(recipe, stage: int, *, world_size: int = 2, build_shm: bool = False):
+    """Train `recipe` (a `pipelib.recipe.Recipe`: its model, global batch, steps, lr; bf16 with
+    fp32 master weights when it says mixed_precision) with DeepSpeed ZeRO `stage` on
+    `world_size` spawned CPU processes; return rank 0's `StepResult`: grads of the *first* step
+    (full tensors), params after `steps`, losses (the whole batch's, averaged over ranks), times
+    (seconds per step), stats {"config", "init_seconds" (deepspeed.initialize), "state_numel"
+    (rank 0's Adam moments, in elements), "seconds" (the whole run, process start-up
+    included)}."""
     import torch.multiprocessing as mp
 
     from pipelib.checks import check_int
+    from pipelib.data_parallel.zero_runner import check_recipe
 
+    batch = check_recipe(recipe, "run_deepspeed").batch_size
+    if recipe.optimizer != "adam":
+        raise ValueError(f"run_deepspeed: recipe.optimizer={recipe.optimizer!r}; the twin configures "
+                         f"DeepSpeed's Adam, so use a recipe with optimizer='adam'")
     check_int(world_size, "world_size", minimum=1, context="run_deepspeed", hint="processes to spawn")
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"run_deepspeed: stage={stage!r}; DeepSpeed's ZeRO stages are 0, 1, 2 and 3")
     if batch % world_size:
         raise ValueError(f"run_deepspeed: batch={batch} does not divide by world_size={world_size}; "
                          f"use a multiple of {world_size}")
-    config = deepspeed_config(stage, lr, batch // world_size, world_size=world_size, bf16=bf16)
-    job = {"model": dict(model_spec), "config": config, "steps": steps, "batch": batch, "build_shm": build_shm}
+    config = deepspeed_config(stage, recipe.lr, batch // world_size, world_size=world_size,
+                              bf16=recipe.mixed_precision)
+    job = {"recipe": recipe.to_dict(), "config": config, "build_shm": build_shm}
     import torch
 
     t0 = time.perf_counter()

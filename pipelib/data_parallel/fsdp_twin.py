@@ -23,22 +23,20 @@ from __future__ import annotations
 
 import time
 
-import torch
 
 from pipelib.results import StepResult
 
 
-def _fsdp2_model(spec: dict, group):
-    """`zero_model(spec)` under FSDP2: each of pipelib's ZeRO units (a layer) and the root
+def _fsdp2_model(recipe, group):
+    """`recipe.build()` under FSDP2: each of pipelib's ZeRO units (a layer) and the root
     `fully_shard`-ed on torch's mesh over the very group pipelib's ZeRO uses (no group is made)."""
     from torch.distributed.fsdp import fully_shard
 
-    from pipelib.data_parallel.zero_runner import zero_model
     from pipelib.data_parallel.zero_units import layer_units
     from pipelib.runtime.mesh import device_mesh
 
     mesh = device_mesh(group, "dp", "cpu")  # the book's models are built on the CPU
-    model = zero_model(spec)
+    model = recipe.build()
     for _, layer in layer_units(model):
         if layer is not model:
             fully_shard(layer, mesh=mesh)
@@ -46,22 +44,22 @@ def _fsdp2_model(spec: dict, group):
     return model
 
 
-def fsdp_train(spec: dict, steps: int = 3, batch: int = 8, *, lr: float = 1e-3, group=None,
-               timed: bool = False) -> StepResult:
-    """Train `steps` steps with FSDP2 + torch's Adam on this rank (every rank of `group` calls
+def fsdp_train(recipe, *, group=None, timed: bool = False) -> StepResult:
+    """Train the recipe's `steps` steps with FSDP2 and its optimizer on this rank (every rank of `group` calls
     it); gradients of the last step and parameters after it, as full tensors."""
     import torch.distributed as dist
 
-    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss
+    from pipelib.recipe import loss_of
 
-    n, r = dist.get_world_size(group), dist.get_rank(group)
-    model = _fsdp2_model(spec, group)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    n, r, steps = dist.get_world_size(group), dist.get_rank(group), recipe.steps
+    model = _fsdp2_model(recipe, group)
+    opt = recipe.make_optimizer(model.parameters())
     names = [name for name, _ in model.named_parameters()]
     losses, times, grads = [], [], {}
-    for s, (x, y) in enumerate(zero_batches(spec, steps, batch, n, r)):
+    for s in range(steps):
+        x, y = recipe.batch(s, r, n)
         t0 = time.perf_counter()
-        loss = zero_loss(model, x, y)
+        loss = loss_of(model, x, y)
         loss.backward()
         if s == steps - 1 and not timed:
             grads = {k: p.grad.full_tensor().detach().clone() for k, p in zip(names, model.parameters())}
@@ -75,13 +73,12 @@ def fsdp_train(spec: dict, steps: int = 3, batch: int = 8, *, lr: float = 1e-3, 
     return StepResult(loss=losses[-1], grads=grads, times=tuple(times), losses=tuple(losses), params=params)
 
 
-def train_fsdp(cluster, spec: dict, *, world_size: int | None = None, steps: int = 3, batch: int = 8,
-               **kw) -> list:
+def train_fsdp(cluster, recipe, *, world_size: int | None = None, **kw) -> list:
     """`fsdp_train` on ranks 0..world_size-1 of `cluster`; one StepResult per rank (None outside)."""
-    from pipelib.data_parallel.zero_runner import _zero_on_rank, check_world
+    from pipelib.data_parallel.zero_runner import _zero_on_rank, check_recipe, check_world
 
-    n = check_world(cluster, world_size, batch, "train_fsdp")
-    return cluster.run(_zero_on_rank, n, fsdp_train, (spec, steps, batch), kw)
+    n = check_world(cluster, world_size, check_recipe(recipe, "train_fsdp").batch_size, "train_fsdp")
+    return cluster.run(_zero_on_rank, n, fsdp_train, (recipe,), kw)
 
 
 def dim0_padded_numel(shapes, world_size: int) -> int:
@@ -98,23 +95,23 @@ def dim0_padded_numel(shapes, world_size: int) -> int:
     return total
 
 
-def shard_layouts(spec: dict, *, group=None) -> dict:
+def shard_layouts(recipe, *, group=None) -> dict:
     """On every rank of `group`: how FSDP2 and pipelib's ZeRO-3 cut the same model, per
     parameter: {name: {"shape": full shape, "fsdp2": this rank's local DTensor shape (rows of
     dim 0), "zero": (start, stop) of the flattened parameter in this rank's shard of its unit}}."""
     from pipelib.data_parallel.zero import ZeRO
-    from pipelib.data_parallel.zero_runner import zero_model
 
-    model = _fsdp2_model(spec, group)
+    model = _fsdp2_model(recipe, group)
     local = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}
-    ranges = ZeRO(zero_model(spec), group, stage=3).shard_ranges()
-    full = {n: tuple(p.shape) for n, p in zero_model(spec).named_parameters()}
+    ranges = ZeRO(recipe.build(), group, stage=3).shard_ranges()
+    full = {n: tuple(p.shape) for n, p in recipe.build().named_parameters()}
     return {n: {"shape": full[n], "fsdp2": local[n], "zero": ranges[n]} for n in full}
 
 
-def compare_layouts(cluster, spec: dict, *, world_size: int | None = None) -> list:
+def compare_layouts(cluster, recipe, *, world_size: int | None = None) -> list:
     """`shard_layouts` on ranks 0..world_size-1 of `cluster`; one dict per rank (None outside)."""
-    from pipelib.data_parallel.zero_runner import _zero_on_rank, check_world
+    from pipelib.data_parallel.zero_runner import _zero_on_rank, check_recipe, check_world
 
+    check_recipe(recipe, "compare_layouts")
     n = check_world(cluster, world_size, world_size or cluster.world_size, "compare_layouts")
-    return cluster.run(_zero_on_rank, n, shard_layouts, (spec,), {})
+    return cluster.run(_zero_on_rank, n, shard_layouts, (recipe,), {})

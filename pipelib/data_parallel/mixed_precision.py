@@ -28,7 +28,8 @@ class MasterWeightAdam:
         model.to(param_dtype)
         self.optimizer = torch.optim.Adam(self.masters, lr=lr, **adam_kw)
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Gradients dropped (`set_to_none` is accepted for torch's signature; they are always None)."""
         for _, p in self.named:
             p.grad = None
 

@@ -1,16 +1,16 @@
 """Running the four DDP steps on a cluster, beside one process and torch's DDP (chapter 07).
 
     results = run_ddp(cluster, "overlap", cfg, steps=3, batch=8)        # one StepResult per rank
-    loss, grads, params, _ = reference_step(cfg, steps=3, batch=8)      # one process, whole batch
-    print(check_against_reference(results, loss, grads, ref_params=params, shared=True))
+    ref = Recipe(cfg, batch_size=8, steps=3).reference()                # one process, whole batch
+    print(check_against_reference(results, ref, shared=True))           # every step's loss too
 
 Every run trains `steps` optimizer steps on a global batch of `batch` samples that every rank
 draws alike from `seed`; group rank r takes the r-th contiguous slice of batch / N rows, cut
 into `accumulate` micro-batches (each loss scaled by 1 / accumulate), so the averaged gradient
-equals one process's gradient of the mean loss on the whole batch.
-`reference_step` is that one process. Arguments are checked on the notebook's side before any
-engine work: a step name, bucket size, comm, a group of ranks larger than the cluster or
-outside it, a batch that does not split evenly.
+equals one process's gradient of the mean loss on the whole batch: the batches are
+`pipelib.recipe.Recipe`'s, and its `reference()` is that one process. Arguments are checked
+on the notebook's side before any engine work: a step name, bucket size, comm, a group of
+ranks larger than the cluster or outside it, a batch that does not split evenly.
 
 Each rank returns a `pipelib.results.StepResult`: the last step's averaged gradients (before
 its optimizer step), the parameters after all steps, the global loss of each step (group rank 0
@@ -146,17 +146,6 @@ def _train(step, config, ranks, group, steps, batch, accumulate, bucket_bytes, c
     params = {k: p.detach().clone() for k, p in model.named_parameters()}
     return StepResult(loss=losses[-1] if r == 0 else None, grads=grads, stats=stats, times=tuple(times),
                       losses=tuple(losses) if r == 0 else (), params=params, bytes_sent=tuple(sent))
-
-
-def reference_step(config, *, steps: int = 3, batch: int = 8, optimizer: str = "adam", lr: float = 1e-2,
-                   seed: int = 0):
-    """One process, the whole batch (`pipelib.recipe.Recipe.reference`): (last loss, last step's
-    gradients, parameters after all steps, losses), for `check_against_reference`."""
-    from pipelib.recipe import Recipe
-
-    ref = Recipe(config, batch_size=batch, steps=steps, seed=seed, data_seed=seed, optimizer=optimizer,
-                 lr=lr).reference()
-    return ref.losses[-1], dict(ref.grads), dict(ref.params), list(ref.losses)
 
 
 def grade_average(fn, config, batch: int):

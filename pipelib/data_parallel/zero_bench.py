@@ -19,44 +19,43 @@ import torch
 _KEY = ("zero_bench",)
 
 
-def zero_bench_setup(spec: dict, batch: int, lr: float = 1e-3, group=None) -> int:
+def zero_bench_setup(recipe, group=None) -> int:
     """Build the three contestants on this rank (kept on its Device); return the number of
     parameters. Every rank of the world calls it (FSDP2's mesh is `Mesh.first(n)`'s)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     from pipelib.data_parallel.zero import ZeRO
-    from pipelib.data_parallel.zero_runner import zero_batches, zero_model
     from pipelib.data_parallel.zero_units import layer_units
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
 
     bench = current().groups[_KEY] = {}
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    x, y = next(zero_batches(spec, 1, batch, n, r))
+    x, y = recipe.batch(0, r, n)
     for stage in (0, 3):
-        m = zero_model(spec)
-        bench[f"zero{stage}"] = (m, ZeRO(m, group, stage=stage, lr=lr))
-    m = zero_model(spec)
+        m = recipe.build()
+        bench[f"zero{stage}"] = (m, ZeRO(m, group, stage=stage, lr=recipe.lr))
+    m = recipe.build()
     mesh = Mesh.first(n).to_device_mesh("cpu")
     for _, layer in layer_units(m):
         if layer is not m:
             fully_shard(layer, mesh=mesh)
     fully_shard(m, mesh=mesh)
-    bench["fsdp2"] = (m, torch.optim.Adam(m.parameters(), lr=lr))
+    bench["fsdp2"] = (m, torch.optim.Adam(m.parameters(), lr=recipe.lr))
     bench["batch"] = (x, y)
-    return sum(p.numel() for p in zero_model(spec).parameters())
+    return sum(p.numel() for p in m.parameters())
 
 
 def zero_bench_step(which: str) -> None:
     """One training step of `which` ("zero0", "zero3" or "fsdp2") on this rank."""
-    from pipelib.data_parallel.zero_runner import zero_loss
+    from pipelib.recipe import loss_of
     from pipelib.runtime.device import current
 
     bench = current().groups[_KEY]
     model, opt = bench[which]
     x, y = bench["batch"]
-    loss = zero_loss(opt if which.startswith("zero") else model, x, y)
+    loss = loss_of(opt if which.startswith("zero") else model, x, y)
     loss.backward()
     opt.step()
     opt.zero_grad()

@@ -22,20 +22,20 @@ from __future__ import annotations
 import torch
 
 
-def rank_mean_gradients(spec: dict, batch: int, world_size: int, param_dtype=torch.bfloat16) -> dict:
+def rank_mean_gradients(recipe, world_size: int, param_dtype=torch.bfloat16) -> dict:
     """{name: fp32 tensor}: the mean over `world_size` ranks of each rank's gradients of its rows
-    of step 0's batch, each computed in `param_dtype` as a ZeRO rank computes them in mixed
+    of step 0's batch of `recipe`, each computed in `param_dtype` as a ZeRO rank computes them in mixed
     precision, averaged exactly (fp64)."""
-    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+    from pipelib.recipe import loss_of
 
-    model = zero_model(spec).to(param_dtype)
+    model = recipe.build().to(param_dtype)
     total = {}
     for r in range(world_size):
-        x, y = next(zero_batches(spec, 1, batch, world_size, r))
+        x, y = recipe.batch(0, r, world_size)
         if x.is_floating_point():
             x = x.to(param_dtype)
         model.zero_grad(set_to_none=True)
-        zero_loss(model, x, y).backward()
+        loss_of(model, x, y).backward()
         for n, p in model.named_parameters():
             total[n] = total.get(n, 0) + p.grad.double()
     return {n: (t / world_size).float() for n, t in total.items()}

@@ -4,8 +4,12 @@
   gradient that this rank's optimizer reads (FSDP2 leaves a sharded gradient on every
   parameter; ZeRO's shards are cut from a unit's flat buffer, so a piece is elements
   [start, stop) of p.view(-1), `shard_ranges()`, possibly empty). Stage 0 holds everything.
+- `placements()`: {name: `pipelib.placement.Placement`} with each parameter's `FlatSlice` (its
+  unit and offset in the flat buffer) on the "dp" axis; `local_shards()` this rank's shard of
+  every unit; `pipelib.placement.unshard` puts them back together (a resharding checkpoint,
+  chapter 18, reads the same records);
 - `full_gradients()`, `full_parameters()`: {name: fp32 tensor, parameter-shaped}, gathered
-  with raw collectives of torch.distributed: a check, kept off the trace and the clock;
+  by `unshard` with raw collectives of torch.distributed: a check, kept off the trace and the clock;
   `reduced_gradients()`: the same after the stage's own reduction, as the optimizer reads them
   (so a bf16 reduction's rounding shows; stages 0-1's `full_gradients` average in fp32).
 - `clip_grad_norm_()`: global-norm clipping with sharded gradients (one all-reduce of a scalar);
@@ -45,28 +49,47 @@ class ZeROShards:
                 out[name] = g[at:at + b - a]
         return out
 
+    def placements(self) -> dict:
+        """{name: Placement}: each trainable parameter's slice of its unit's flat buffer, cut in
+        equal shards over the "dp" axis (stage 0 too: its optimizer holds the whole buffer, but
+        the same cut reads its master weights back)."""
+        from pipelib.placement import FlatSlice, Placement
+
+        return {n: Placement(axis="dp", flat=FlatSlice(u.name, o, k, tuple(p.shape)))
+                for u in self.units for (o, k), (n, p) in zip(u.offsets, u.params)}
+
+    def local_shards(self, what: str = "param") -> dict:
+        """{unit name: 1-D fp32 tensor}: this rank's shard of each unit's master weights
+        ("param") or of the averaged gradients as the optimizer reads them ("grad")."""
+        out = {}
+        for u in self.units:
+            t = (u.master if what == "param" else u.master.grad).detach().float()
+            out[u.name] = t[u.lo:u.hi] if self.stage == 0 else t
+        return out
+
+    def _unshard(self, shards: dict) -> dict:
+        from pipelib.placement import unshard
+
+        return unshard(shards, self.placements(), {"dp": self.group})
+
     def full_parameters(self) -> dict:
         """{name: fp32 tensor} of the whole model's trainable parameters (the master weights in
-        mixed precision), gathered with raw gloo collectives: a check, off the trace and the clock."""
-        return {k: v for u in self.units for k, v in self._full_unit(u, self._master_shard(u)).items()}
-
-    def _master_shard(self, u) -> torch.Tensor:
-        m = u.master.detach().float()
-        return m[u.lo:u.hi] if self.stage == 0 else m
+        mixed precision), gathered by placement with raw gloo collectives: a check, off the
+        trace and the clock."""
+        return self._unshard(self.local_shards("param"))
 
     def full_gradients(self) -> dict:
         """{name: fp32 tensor}: the averaged gradients of the last backward (call before `step`
         for stages 2-3, whose shards are reduced during backward; stages 0-1 are averaged here)."""
         import torch.distributed as dist
 
+        if self.stage >= 2:
+            return self._unshard({u.name: u.gshard.detach().float() for u in self.units})
         out = {}
         for u in self.units:
-            if self.stage <= 1:
-                g = u.gflat.detach().float().clone()
-                dist.all_reduce(g, group=self.group)
-                out.update(u.unflatten(g / self.n))
-            else:
-                out.update(self._full_unit(u, u.gshard.detach().float()))
+            g = u.gflat.detach().float().clone()
+            dist.all_reduce(g, group=self.group)
+            out.update(u.unflatten(g / self.n))
         return out
 
     def reduced_gradients(self) -> dict:
@@ -75,18 +98,9 @@ class ZeROShards:
         raw gloo collectives (a check). Call after backward, before `step`; it runs the stage's
         reduction first if that has not happened yet, as `grad_shards` does."""
         self.reduce_gradients()
-        out = {}
-        for u in self.units:
-            g = u.master.grad.detach().float()
-            out.update(u.unflatten(g) if self.stage == 0 else self._full_unit(u, g))
-        return out
-
-    def _full_unit(self, u, piece) -> dict:
-        import torch.distributed as dist
-
-        parts = [torch.empty_like(piece) for _ in range(self.n)]
-        dist.all_gather(parts, piece.contiguous(), group=self.group)
-        return u.unflatten(torch.cat(parts))
+        if self.stage == 0:
+            return {k: v for u in self.units for k, v in u.unflatten(u.master.grad.detach().float()).items()}
+        return self._unshard(self.local_shards("grad"))
 
     def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6) -> float:
         """Global-norm clipping of sharded gradients (torch.nn.utils.clip_grad_norm_'s rule):

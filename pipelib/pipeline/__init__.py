@@ -7,7 +7,7 @@
 - `stage`: cutting a model into stages; `Stage` runs one slice's F, B, I and W;
 - `shapes`: the shape handshake before a step (who receives which shape);
 - `executor`: `execute`, the one executor: any validated schedule, on this rank's stages;
-- `step`: the step API: `check_step`, `train_step`, `run_train_step`, `monolith_step`;
+- `step`: the step API: `check_step`, `train_step`, `run_train_step` (checked against `Recipe(...).first_step()`);
 - `gpt`: the tiny GPT as a pipeline: stages cut between blocks, the tied embedding's gradient;
 - `blocking`: teaching foil: blocking sends and receives, which deadlock 1F1B (chapter 12);
 - `paired`: 1F1B as picotron runs it, each send paired with the next receive in one

@@ -122,7 +122,7 @@ def train_step_blocking(schedule: Schedule, model_config, batch_seed: int = 0, *
     stage.
     """
     from pipelib.model import MLP
-    from pipelib.pipeline.step import make_batch
+    from pipelib.batches import global_batch
 
     s = check_blocking(schedule)
     batch_size = batch_size or 2 * s.num_microbatches
@@ -135,7 +135,7 @@ def train_step_blocking(schedule: Schedule, model_config, batch_seed: int = 0, *
     model = MLP(model_config, seed=model_seed)
     bounds = partition(len(model.layers), s.num_stages)
     modules = split_into_stages(model.layers, s.num_stages)
-    x, y = make_batch(model_config, batch_size, batch_seed)
+    x, y = global_batch(model_config, batch_size, 0, batch_seed)
     shapes = stage_input_shapes(modules, x.chunk(s.num_microbatches)[0])
     stage = Stage(modules[rank], rank, s.num_stages)
     loss = execute_blocking(s, stage, x, y, F.cross_entropy, shapes, group, costs=costs)

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from pipelib.batches import global_batch
 from pipelib.comm import collectives
 from pipelib.comm import p2p as comms
 from pipelib.model import GPT, GPTConfig, cross_entropy
@@ -43,8 +44,8 @@ from pipelib.results import StepResult
 from pipelib.runtime.device import current
 
 __all__ = ["PIPELINE_GPT", "gpt_stages", "gpt_unit_costs", "gpt_stage_costs", "tied_ranks",
-           "embedding_group", "sum_tied_grads", "make_tokens", "check_gpt_step", "gpt_train_step",
-           "prepare_gpt_step", "run_gpt_train_step", "gpt_monolith_step"]
+           "embedding_group", "sum_tied_grads", "check_gpt_step", "gpt_train_step",
+           "prepare_gpt_step", "run_gpt_train_step"]
 
 # Eight blocks, so p=4 ranks with v=2 chunks each (8 stages) still get one block per stage.
 PIPELINE_GPT = GPTConfig(vocab_size=65, block_size=16, n_layer=8, n_head=2, n_embd=32)
@@ -163,18 +164,6 @@ def sum_tied_grads(weight: nn.Parameter, schedule, group=None, emb_group=None) -
     grad.add_(other)
 
 
-def make_tokens(gpt_config: GPTConfig, batch_size: int, seq_len: int | None = None,
-                seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A random next-token batch from a private generator: idx (B, T), targets (B, T) int64.
-
-    targets is idx shifted left by one, as nanoGPT's get_batch; T defaults to block_size.
-    """
-    T = gpt_config.block_size if seq_len is None else seq_len
-    g = torch.Generator().manual_seed(seed)
-    seq = torch.randint(0, gpt_config.vocab_size, (batch_size, T + 1), generator=g)  # (B, T+1)
-    return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # (B, T), (B, T)
-
-
 def _check_one_stage_split(s: Schedule) -> None:
     """One stage holding both the embedding and the head cannot split B into I and W:
     `Stage.backward_weight` takes each layer's weight gradient through the whole graph behind
@@ -208,7 +197,7 @@ def gpt_train_step(schedule, p: int | None = None, m: int | None = None,
                    prepare=None, **options) -> StepResult | None:
     """Run on every engine: one pipelined forward and backward of the tiny GPT.
 
-    Every rank builds the same GPT (same seed) and batch (`make_tokens`, default 2 rows per
+    Every rank builds the same GPT (same seed) and batch (`pipelib.batches.global_batch`, default 2 rows per
     microbatch), cuts it with `gpt_stages`, keeps its own stages (each passed through
     `prepare(module)` first when given: chapter 14's recomputation) and calls `execute` with
     next-token cross-entropy on (B, T, V) logits vs (B, T) targets. Then the tied
@@ -238,7 +227,7 @@ def prepare_gpt_step(s: Schedule, cfg: GPTConfig, rank: int, batch_seed: int = 0
     model = GPT(cfg, seed=opts.model_seed).to(opts.dtype)
     mods = gpt_stages(model, s.num_stages, opts.balance)
     mine = [Stage(prepare(mods[k]) if prepare else mods[k], k, s.num_stages) for k in s.stages_of(rank)]
-    idx, targets = make_tokens(cfg, opts.rows(s), seq_len, batch_seed)  # (B, T), (B, T)
+    idx, targets = global_batch(cfg, opts.rows(s), 0, batch_seed, seq_len=seq_len)  # (B, T), (B, T)
     held, info = {id(q) for st in mine for q in st.module.parameters()}, {}
 
     def step():
@@ -262,18 +251,3 @@ def run_gpt_train_step(cluster, schedule, p=None, m=None, gpt_config=None, batch
     s = check_gpt_step(schedule, p, m, gpt_config, opts.batch_size, seq_len=kw.get("seq_len"),
                        num_chunks=opts.num_chunks, balance=opts.balance, world_size=cluster.world_size)
     return cluster.run(gpt_train_step, s, None, None, gpt_config, batch_seed, **kw)
-
-
-def gpt_monolith_step(gpt_config: GPTConfig | None = None, batch_size: int = 8,
-                      batch_seed: int = 0, *, seq_len: int | None = None, model_seed: int = 0,
-                      dtype=torch.float32):
-    """The reference: the whole GPT on one process, one forward and backward: (loss, grads).
-
-    The tied weight appears once, as "embed.wte.weight", holding both uses' gradient.
-    """
-    cfg = gpt_config or PIPELINE_GPT
-    model = GPT(cfg, seed=model_seed).to(dtype)
-    idx, targets = make_tokens(cfg, batch_size, seq_len, batch_seed)  # (B, T), (B, T)
-    _, loss = model(idx, targets)
-    loss.backward()
-    return loss.detach(), {n: q.grad for n, q in model.named_parameters()}

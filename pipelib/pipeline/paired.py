@@ -183,7 +183,7 @@ def train_step_paired(p: int, m: int, model_config, batch_seed: int = 0, *,
     """Run on every engine: one 1F1B training step through `execute_paired`; a `StepResult`
     (loss or None, {monolith parameter name: gradient} for this rank's stage)."""
     from pipelib.model import MLP
-    from pipelib.pipeline.step import make_batch
+    from pipelib.batches import global_batch
 
     one_f_one_b(p, m)  # checks p and m
     batch_size = batch_size or 2 * m
@@ -196,7 +196,7 @@ def train_step_paired(p: int, m: int, model_config, batch_seed: int = 0, *,
     model = MLP(model_config, seed=model_seed)
     bounds = partition(len(model.layers), p)
     modules = split_into_stages(model.layers, p)
-    x, y = make_batch(model_config, batch_size, batch_seed)
+    x, y = global_batch(model_config, batch_size, 0, batch_seed)
     shapes = stage_input_shapes(modules, x.chunk(m)[0])
     stage = Stage(modules[rank], rank, p)
     loss = execute_paired(p, m, stage, x, y, F.cross_entropy, shapes, group, costs=costs,

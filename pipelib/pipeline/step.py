@@ -2,7 +2,7 @@
 
     check_step("1f1b", 4, 8, cfg, batch_size=64, world_size=4)   # in the notebook: ValueErrors
     run_train_step(cluster, "1f1b", 4, 8, cfg)                    # per rank: a StepResult
-    monolith_step(cfg, 64)                                        # the reference: same loss, grads
+    Recipe(cfg, batch_size=64).first_step()                       # the reference: same loss, grads
 
 Every rank builds the same seeded model, cuts it into the schedule's stages, keeps its own and
 runs `execute` (`pipelib.pipeline.executor`, the one executor) on them (`pipelib.pipeline.stage`
@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pipelib.batches import global_batch
 from pipelib.checks import check_int
 from pipelib.pipeline.executor import execute
 from pipelib.pipeline.schedules import Schedule, as_schedule, schedule_info, validate
@@ -34,7 +35,7 @@ from pipelib.results import StepResult
 from pipelib.runtime.device import current
 
 __all__ = ["resolve_schedule", "check_step", "StepOptions", "train_step", "run_train_step",
-           "monolith_step", "make_batch", "timed_steps", "Runner", "prepare_step", "measured_run"]
+           "timed_steps", "Runner", "prepare_step", "measured_run"]
 
 def resolve_schedule(schedule, p: int | None = None, m: int | None = None,
                      num_chunks: int = 2) -> Schedule:
@@ -65,26 +66,6 @@ def check_step(schedule, p=None, m=None, model_config=None, batch_size=None, *,
     if world_size is not None and s.num_ranks > world_size:
         raise ValueError(f"schedule {s.name!r} needs {s.num_ranks} ranks; the cluster has {world_size}")
     return s
-
-
-def make_batch(model_config, batch_size: int, seed: int = 0):
-    """A random classification batch for the MLP, from a private generator: (x, y)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch_size, model_config.in_features, generator=g)   # (B, in_features)
-    y = torch.randint(0, model_config.out_features, (batch_size,), generator=g)  # (B,)
-    return x, y
-
-
-def monolith_step(model_config, batch_size: int, batch_seed: int = 0, *, model_seed: int = 0,
-                  dtype=torch.float32):
-    """The reference: one forward and backward of the whole MLP in one process: (loss, grads)."""
-    from pipelib.model import MLP
-
-    model = MLP(model_config, seed=model_seed).to(dtype)
-    x, y = make_batch(model_config, batch_size, batch_seed)
-    loss = F.cross_entropy(model(x.to(dtype)), y)
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
 @dataclass(frozen=True)
@@ -175,7 +156,7 @@ def prepare_step(s: Schedule, model_config, rank: int, batch_seed: int = 0,
     bounds, modules = stage_modules(model_config, s.num_stages, model_seed=opts.model_seed,
                                     balance=opts.balance, dtype=opts.dtype)
     mine = [Stage(modules[k], k, s.num_stages) for k in s.stages_of(rank)]
-    x, y = make_batch(model_config, opts.rows(s), batch_seed)
+    x, y = global_batch(model_config, opts.rows(s), 0, batch_seed)
     x, shapes, info = x.to(opts.dtype), {}, {}
 
     def step():
@@ -219,7 +200,7 @@ def train_step(schedule, p: int | None = None, m: int | None = None, model_confi
     Every rank builds the same model (same seed) and the same batch, splits the layers into
     the schedule's stages and keeps its own, then calls `execute`. Returns a `StepResult`
     (`measured_run`): the loss (last stage's rank, else None), the gradients of this rank's
-    stages under the monolith's names (compare with `monolith_step` through
+    stages under the monolith's names (compare with `Recipe(...).first_step()` through
     `pipelib.results.check_against_reference`), execute's stats (peak_activation_bytes,
     messages), and per step its device time and bytes sent. Ranks of the group outside the
     schedule return None. `options` are `StepOptions`' (batch_size, costs, balance, ...).

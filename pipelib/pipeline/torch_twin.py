@@ -13,7 +13,7 @@ same on both sides: the F of stage s sends its output (rows x width floats) to s
 rank, the B or I of stage s its input gradient (the same bytes) to stage s-1's rank; torch
 sends each as one gloo message on tag 0, pipelib on a tag per (kind, stage), with `comms`'
 small header only on simulated devices or with check=True. So the two gradients, and the
-monolith's (`monolith_step`), can be compared with `assert_close`, and the two step times set
+monolith's (`Recipe(...).first_step()`), can be compared with `assert_close`, and the two step times set
 side by side (`compare_step_times`, bench/pipelines.py). Two steps must not overlap on a rank
 pair (torch's tag 0 is also pipelib's first activation queue): one `cluster.run` per step, or
 a barrier between them, as `timed_steps` does.
@@ -35,7 +35,8 @@ import torch.nn.functional as F
 
 from pipelib.pipeline.schedules import ALIASES, REGISTRY, Schedule, from_csv, schedule_info
 from pipelib.pipeline.stage import stage_grads, stage_modules
-from pipelib.pipeline.step import Runner, StepOptions, check_step, make_batch, resolve_schedule, timed_steps
+from pipelib.batches import global_batch
+from pipelib.pipeline.step import Runner, StepOptions, check_step, resolve_schedule, timed_steps
 from pipelib.results import StepResult
 
 __all__ = ["TORCH_SCHEDULES", "check_torch_step", "prepare_torch_step", "torch_train_step",
@@ -143,7 +144,7 @@ def prepare_torch_step(name: str, s: Schedule, model_config, rank: int, batch_se
     for k in mine:
         modules[k].to(device)
     stages, sched = _torch_pipeline(name, s, modules, rank, group, device)
-    x, y = make_batch(model_config, opts.rows(s), batch_seed)
+    x, y = global_batch(model_config, opts.rows(s), 0, batch_seed)
     args = (x.to(opts.dtype).to(device),) if 0 in mine else ()
     target = y.to(device) if s.num_stages - 1 in mine else None
 

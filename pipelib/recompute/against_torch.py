@@ -33,7 +33,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from pipelib.model import GPT, Block, CausalSelfAttention
-from pipelib.recompute.measure import step_tokens
+from pipelib.batches import global_batch
 from pipelib.recompute.registry import policy_info
 
 _aten = torch.ops.aten
@@ -108,7 +108,7 @@ def torch_checkpoint_step(cfg, policy: str, k: int | None = None, batch: int = 4
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     info = policy_info(policy)
     info.twin(model, blocks, info.segment_length(k, len(blocks)), info.name, sac=sac)
-    idx, targets = step_tokens(cfg, batch, seq or cfg.block_size, batch_seed)
+    idx, targets = global_batch(cfg, batch, 0, batch_seed, seq_len=seq)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(dropout_seed)
         _, loss = model(idx, targets)

@@ -20,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from pipelib.batches import global_batch
 from pipelib.model import GPT
 from pipelib.recompute.policies import apply_recompute
 from pipelib.runtime.memtrack import MemoryTracker
@@ -62,12 +63,6 @@ class PolicyRun:
         return self.forward_flops + self.backward_flops
 
 
-def step_tokens(cfg, batch: int, seq: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    s = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=g)  # (B, T + 1)
-    return s[:, :-1].contiguous(), s[:, 1:].contiguous()  # idx (B, T), targets (B, T)
-
-
 def measure_policy(cfg, policy: str = "none", k: int | None = None, batch: int = 4,
                    seq: int | None = None, *, model_seed: int = 0, batch_seed: int = 0,
                    dropout_seed: int = 0, dtype=torch.float32, capacity: int | None = None,
@@ -80,7 +75,7 @@ def measure_policy(cfg, policy: str = "none", k: int | None = None, batch: int =
     model = (model or GPT(cfg, seed=model_seed).to(dtype))
     apply_recompute(model, policy, k)
     seq = seq or cfg.block_size
-    idx, targets = step_tokens(cfg, batch, seq, batch_seed)
+    idx, targets = global_batch(cfg, batch, 0, batch_seed, seq_len=seq)
     tracker = MemoryTracker(capacity=capacity)
     tracker.track_module(model)
     clock = OpClock(tracker)

@@ -193,13 +193,13 @@ def dtensor_tp_gpt_step(config, b: int, s: int, t: int, *, sequence_parallel: bo
 
     from pipelib.model import GPT
     from pipelib.placement import join_shards
-    from pipelib.tensor_parallel.step import tp_batch, tp_group
+    from pipelib.tensor_parallel.step import tp_group, tp_recipe
 
     group = tp_group(t)
     if group is None:
         return None
     model = _dtensor_tp_gpt(GPT(config, seed).to(as_dtype(dtype)), group, sequence_parallel)
-    idx, targets = tp_batch(config, b, s, data_seed)
+    idx, targets = tp_recipe(config, b, s, data_seed=data_seed).global_batch(0)
     logits, _ = model(idx)
     with loss_parallel():
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
@@ -248,13 +248,13 @@ def _tp_gpt_step_fn(config, t, impl, sequence_parallel, seed):
 def _tp_timed_setup(config, b, s, t, impl, sequence_parallel, seed, whole):
     """(model, group, one_step, args) for `timed_tp_steps`; (None, ...) outside the group."""
     from pipelib.tensor_parallel.apply import sync_sequence_grads
-    from pipelib.tensor_parallel.step import tp_batch
+    from pipelib.tensor_parallel.step import tp_recipe
 
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r}; use one of {IMPLS}")
     if whole:
         model, group, one_step = _tp_gpt_step_fn(config, t, impl, sequence_parallel, seed)
-        return model, group, one_step, tp_batch(config, b, s)
+        return model, group, one_step, tp_recipe(config, b, s).global_batch(0)
     model, group = _tp_build(config, t, impl, sequence_parallel, "float32", seed)
 
     def one_step(x, w):

@@ -1,7 +1,7 @@
 """Training steps of the tensor-parallel GPT, run on every engine, against the single process.
 
     results = cluster.run(tp_train_step, cfg, 4, 16, 2)            # t = 2: ranks 0 and 1
-    check_against_reference(results, *tp_reference_step(cfg, 4, 16))  # same loss and gradients
+    check_against_reference(results, tp_recipe(cfg, 4, 16).first_step())  # same loss and gradients
 
 The group holds ranks 0 .. t-1 of the world (`tp_group`, made on every rank in the same order);
 ranks outside it return None. Group rank 0 returns the `StepResult`: the loss, every gradient
@@ -33,11 +33,12 @@ def tp_group(t: int):
     return mesh["tp"] if mesh.contains else None
 
 
-def tp_batch(config, b: int, s: int, data_seed: int = 1):
-    """Token ids and next-token targets, (b, s) each, from a seeded generator (same on every rank)."""
-    g = torch.Generator().manual_seed(data_seed)
-    idx = torch.randint(0, config.vocab_size, (b, s + 1), generator=g)
-    return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+def tp_recipe(config, b: int, s: int, *, dtype="float32", seed: int = 0, data_seed: int = 1):
+    """The recipe of chapter 09's step: b rows of s tokens (`pipelib.batches.global_batch`, the
+    same on every rank), the model from `seed`; `.first_step(keep_logits=True)` is its reference."""
+    from pipelib.recipe import Recipe
+
+    return Recipe(config, batch_size=b, seq_len=s, seed=seed, data_seed=data_seed, dtype=dtype)
 
 
 def tp_forward(model, idx, targets):
@@ -114,7 +115,7 @@ def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_paralle
         return None
     if model.tp_sequence_parallel:
         check_sequence_divisible(s, t)
-    idx, targets = tp_batch(config, b, s, data_seed)
+    idx, targets = tp_recipe(config, b, s, data_seed=data_seed).global_batch(0)
     clock = current().clock
     start = clock.now()
     with model.tp_comm.lanes.timed() if timed else contextlib.nullcontext():
@@ -140,54 +141,36 @@ def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_paralle
 
 def run_tp(cluster, config, b: int, s: int, t: int, **kw):
     """Chapter 09's run: `tp_train_step` on every engine of a reset cluster; (results, trace)."""
-    cluster.reset()
-    results = cluster.run(tp_train_step, config, b, s, t, **kw)
-    return results, cluster.trace()
+    return cluster.measured(tp_train_step, config, b, s, t, **kw)
 
 
-def tp_reference_step(config, b: int, s: int, *, dtype: str = "float32", seed: int = 0, data_seed: int = 1):
-    """The unsharded GPT on one process: (loss, {name: gradient}, logits)."""
-    from pipelib.model import GPT
-
-    model = GPT(config, seed).to(as_dtype(dtype))
-    idx, targets = tp_batch(config, b, s, data_seed)
-    logits, loss = model(idx, targets)
-    loss.backward()
-    return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}, logits.detach()
-
-
-def tp_train(config, t: int, steps: int, *, lr: float = 1e-3, batch_size: int = 8, seed: int = 0,
-             sequence_parallel: bool = False, dtype: str = "float32",
-             backend: str = "pipelib") -> StepResult | None:
-    """`steps` AdamW steps of the TP GPT on the book's character corpus, the same batches as
-    `pipelib.train.train_gpt(GPT(config, seed), char_corpus(), steps, lr, batch_size, seed=seed)`:
-    Adam is elementwise, so each rank updates its shard alone. Group rank 0 returns the losses
-    and every parameter, whole. `config.vocab_size` must be at least the corpus's
-    (`char_corpus().vocab_size`) and a multiple of t: pad it if needed (extra rows are never a
-    target). In fp32, compare parameters loosely: a gradient that is zero in exact arithmetic
-    (the key bias: softmax ignores a shift) is rounding noise of 1e-9, which Adam divides by its
-    own square root plus eps = 1e-8 and turns into steps of lr size; fp64 keeps it below eps."""
-    from pipelib.data import char_corpus
+def tp_train(recipe, t: int, *, sequence_parallel: bool = False, backend: str = "pipelib") -> StepResult | None:
+    """`recipe.steps` optimizer steps of the TP GPT on the recipe's batches (chapter 09 trains on
+    the book's character corpus: `Recipe(..., data="corpus")`), to compare with
+    `recipe.reference()`: Adam is elementwise, so each rank updates its shard alone. Group rank
+    0 returns every step's loss, the last step's gradients and every parameter, whole.
+    `recipe.model.vocab_size` must be a multiple of t (and at least the corpus's: pad it if
+    needed, extra rows are never a target). In fp32, compare parameters loosely: a gradient
+    that is zero in exact arithmetic (the key bias: softmax ignores a shift) is rounding noise
+    of 1e-9, which Adam divides by its own square root plus eps = 1e-8 and turns into steps of
+    lr size; fp64 keeps it below eps."""
     from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients
 
-    model, group = build_tp_gpt(config, t, sequence_parallel=sequence_parallel, seed=seed, dtype=dtype,
-                                backend=backend)
+    model, group = build_tp_gpt(recipe.model, t, sequence_parallel=sequence_parallel, seed=recipe.seed,
+                                dtype=as_dtype(recipe.dtype), backend=backend)
     if model is None:
         return None
-    data, g = char_corpus(), torch.Generator().manual_seed(seed)
-    if data.vocab_size > config.vocab_size:
-        raise ValueError(f"tp_train: the corpus has {data.vocab_size} characters but vocab_size="
-                         f"{config.vocab_size}; use a multiple of t={t} that is >= {data.vocab_size}")
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
-    for _ in range(steps):
-        x, y = data.get_batch("train", batch_size, config.block_size, g)  # (B, T), (B, T)
+    opt, losses, grads = recipe.make_optimizer(model.parameters()), [], {}
+    for step in range(recipe.steps):
+        x, y = recipe.global_batch(step)  # (B, T), (B, T): the whole batch on every rank of the group
         _, loss = tp_forward(model, x, y)
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)
         loss.backward()
         sync_sequence_grads(model)
+        if step == recipe.steps - 1:
+            grads = tp_full_gradients(model, group)  # a check: raw gathers, off the trace
         opt.step()
         losses.append(loss.item())
     params = tp_full_gradients(model, group, what="data")
     first = dist.get_rank(group) == 0
-    return StepResult(losses=tuple(losses), params=params) if first else None
+    return StepResult(loss=losses[-1], losses=tuple(losses), grads=grads, params=params) if first else None

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipelib.context_parallel.model_step import reference_train
+from pipelib.context_parallel.model_step import cp_recipe
 from pipelib.context_parallel.partition import LAYOUTS
 from pipelib.model import GPTConfig
 
@@ -40,7 +40,7 @@ def _cp(ranks, layout):
 @pytest.mark.cluster
 @pytest.mark.parametrize("ranks", [(0, 1, 2, 3), (1, 2, 3)])
 def test_cp_gpt_training_equals_one_process(cluster4, ranks):
-    ref = reference_train(CFG, B, S, STEPS)
+    ref = cp_recipe(CFG, B, S, STEPS).reference()
     assert ref.losses[-1] < ref.losses[0]                     # it trains
     for layout in LAYOUTS:
         res = [r for r in cluster4.run(_cp, ranks, layout) if r is not None]
@@ -61,14 +61,14 @@ def _first(layout, global_positions):
 def test_global_positions_matter(cluster4):
     from pipelib.context_parallel.model_step import check_training, cp_train
 
-    want = reference_train(CFG, B, S, 1).losses[0]
+    want = cp_recipe(CFG, B, S, 1).reference().losses[0]
     for layout in ("zigzag", "striped", "contiguous"):
         assert cluster4.run(_first, layout, True)[0] == pytest.approx(want, abs=1e-12)
         assert abs(cluster4.run(_first, layout, False)[0] - want) > 1e-6, layout   # shard at 0..c-1: wrong
     res = cluster4.run(cp_train, CFG, B, S, 2)
-    assert check_training(res, reference_train(CFG, B, S, 2)) < 1e-10
+    assert check_training(res, cp_recipe(CFG, B, S, 2).reference()) < 1e-10
     with pytest.raises(AssertionError, match="differs from one process"):
-        check_training(res, reference_train(CFG, B, S, 2, lr=2e-2))      # the check can fail
+        check_training(res, cp_recipe(CFG, B, S, 2, lr=2e-2).reference())      # the check can fail
 
 
 # ----------------------------------------------------------------------------- plain torch.distributed
@@ -94,6 +94,6 @@ def test_cp_gpt_training_without_a_cluster(tmp_path):
             for p in ctx.processes:
                 p.kill()
             pytest.fail("the two spawned ranks did not finish within 180 s")
-    ref = reference_train(CFG, B, S, STEPS)
+    ref = cp_recipe(CFG, B, S, STEPS).reference()
     for r in range(2):
         _check(torch.load(tmp_path / f"out{r}.pt", weights_only=False), ref)

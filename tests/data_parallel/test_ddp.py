@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from pipelib.data_parallel.buckets import plan_buckets, ring_bytes_per_rank
-from pipelib.data_parallel.runner import STEPS, reference_step, run_ddp
+from pipelib.data_parallel.runner import STEPS, run_ddp
 from pipelib.model import GPTConfig
+from pipelib.recipe import Recipe
 from pipelib.results import check_against_reference
 from pipelib.trace import Kind
 
@@ -30,14 +31,14 @@ def _ranks(n):
     ("all_reduce", "adam", 1), ("buckets", "sgd", 1), ("overlap", "adam", 1), ("no_sync", "adam", 2),
     ("no_sync", "sgd", 1)])
 def test_each_step_equals_one_process(cluster4, n, step, optimizer, accumulate):
-    ref_loss, ref_grads, ref_params, ref_losses = reference_step(ODD, steps=3, batch=8, optimizer=optimizer)
-    assert sum(p.numel() for p in ref_params.values()) % n  # psi does not divide by n
+    ref = Recipe(ODD, batch_size=8, steps=3, optimizer=optimizer).reference()
+    assert sum(p.numel() for p in ref.params.values()) % n  # psi does not divide by n
     res = run_ddp(cluster4, step, ODD, ranks=_ranks(n), steps=3, batch=8, accumulate=accumulate,
                   bucket_bytes=2048, optimizer=optimizer)
     assert res[n:] == [None] * (4 - n)
-    agreed = check_against_reference(res, ref_loss, ref_grads, ref_params=ref_params, shared=True, **TOL)
-    assert agreed.num_tensors == 2 * len(ref_params)
-    assert res[0].losses == pytest.approx(ref_losses, rel=1e-5)
+    agreed = check_against_reference(res, ref, shared=True, **TOL)
+    assert agreed.num_tensors == 2 * len(ref.params) and agreed.num_losses == 3
+    assert res[0].losses == pytest.approx(ref.losses, rel=1e-5)
     # the replicas stay bitwise equal to each other (not only close to the reference)
     for r in res[1:n]:
         assert all(torch.equal(r.params[k], res[0].params[k]) for k in r.params)
@@ -95,10 +96,10 @@ def test_same_gradients_as_torch_ddp(cluster4, n):
 
 @pytest.mark.cluster
 def test_gloo_switch_equals_pipelib_ring(cluster4):
-    ref = reference_step(ODD, steps=3, batch=8)
+    ref = Recipe(ODD, batch_size=8, steps=3).reference()
     for comm in ("gloo", "pipelib"):
         res = run_ddp(cluster4, "overlap", ODD, steps=3, batch=8, bucket_bytes=2048, comm=comm)
-        check_against_reference(res, ref[0], ref[1], ref_params=ref[2], shared=True, **TOL)
+        check_against_reference(res, ref, shared=True, **TOL)
     assert set(STEPS) == {"all_reduce", "buckets", "overlap", "no_sync", "torch", "bf16", "torch_bf16"}
 
 

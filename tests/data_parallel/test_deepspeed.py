@@ -8,19 +8,20 @@ import json
 import pytest
 
 from pipelib.data_parallel.deepspeed_twin import config_json, run_deepspeed
-from pipelib.data_parallel.zero_runner import reference_adam
 from pipelib.results import check_against_reference
+from pipelib.model import MLPConfig
+from pipelib.recipe import Recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the single-process references share 2 cores
 
-ODD = dict(kind="mlp", in_features=6, hidden=9, out_features=4, num_layers=3)  # 193 parameters
+ODD = Recipe(MLPConfig(in_features=6, hidden=9, out_features=4, num_layers=3), lr=1e-3)  # 193 parameters
 
 
 @pytest.mark.parametrize("stage", [3])  # stage 2: chapter 08 checks it under nbval (one spawn ~10 s)
 def test_same_gradients_and_parameters_as_deepspeed(stage):
     pytest.importorskip("deepspeed")
-    ref1, ref3 = reference_adam(ODD, 1, 8), reference_adam(ODD, 3, 8)
-    ds = run_deepspeed(ODD, stage, world_size=2, steps=3, batch=8)
+    ref1, ref3 = ODD.replace(steps=1, batch_size=8).reference(), ODD.replace(steps=3, batch_size=8).reference()
+    ds = run_deepspeed(ODD.replace(steps=3, batch_size=8), stage, world_size=2)
     check_against_reference([ds], ref_grads=ref1.grads, ref_params=ref3.params, rtol=1e-5, atol=1e-6)
     assert ds.stats["config"]["zero_optimization"]["stage"] == stage
     assert ds.losses == pytest.approx(ref3.losses, rel=1e-5)
@@ -35,4 +36,4 @@ def test_config_and_bad_input():
     with pytest.raises(ValueError, match="stage=5"):
         run_deepspeed(ODD, 5)
     with pytest.raises(ValueError, match="batch=7 does not divide by world_size=2"):
-        run_deepspeed(ODD, 1, batch=7)
+        run_deepspeed(ODD.replace(batch_size=7), 1)

@@ -7,21 +7,23 @@ pipelib's ZeRO-3 computes FSDP2's gradients.
 import pytest
 
 from pipelib.data_parallel.fsdp_twin import train_fsdp
-from pipelib.data_parallel.zero_runner import reference_adam, train_zero
+from pipelib.data_parallel.zero_runner import train_zero
 from pipelib.results import check_against_reference
+from pipelib.model import MLPConfig
+from pipelib.recipe import Recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the single-process references share 2 cores
 
-ODD = dict(kind="mlp", in_features=6, hidden=9, out_features=4, num_layers=3)
+ODD = Recipe(MLPConfig(in_features=6, hidden=9, out_features=4, num_layers=3), lr=1e-3)
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("n", [2, 4])
 def test_same_gradients_as_fsdp2(cluster4, n):
-    ref = reference_adam(ODD, 3, 8)
-    fsdp = train_fsdp(cluster4, ODD, world_size=n, steps=3, batch=8)
-    ours = train_zero(cluster4, ODD, 3, world_size=n, steps=3, batch=8)
+    ref = ODD.replace(steps=3, batch_size=8).reference()
+    fsdp = train_fsdp(cluster4, ODD.replace(steps=3, batch_size=8), world_size=n)
+    ours = train_zero(cluster4, ODD.replace(steps=3, batch_size=8), 3, world_size=n)
     for res in (fsdp, ours):
         check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
     for name, g in fsdp[0].grads.items():  # and directly against each other
@@ -40,7 +42,7 @@ def test_fsdp2_shards_each_parameter_on_dim0_where_zero_cuts_flat_units(cluster4
     from pipelib.data_parallel.fsdp_twin import compare_layouts, dim0_padded_numel
     from pipelib.data_parallel.zero_formulas import padded_numel
 
-    spec = {"kind": "mlp", "in_features": 30, "hidden": 50, "out_features": 7, "num_layers": 3}
+    spec = Recipe(MLPConfig(in_features=30, hidden=50, out_features=7, num_layers=3), lr=1e-3)
     lay = compare_layouts(cluster4, spec)
     for name, first in lay[0].items():
         shape = first["shape"]

@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from pipelib.data_parallel.zero_formulas import padded_numel, zero_comm_bytes, zero_state_bytes
-from pipelib.data_parallel.zero_runner import reference_adam, train_zero
+from pipelib.data_parallel.zero_runner import train_zero
 from pipelib.results import check_against_reference
+from pipelib.model import GPTConfig, MLPConfig
+from pipelib.recipe import Recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the single-process references share 2 cores
 
-ODD = dict(kind="mlp", in_features=6, hidden=9, out_features=4, num_layers=3)  # 193 parameters
-GPT = dict(kind="gpt", vocab_size=29, block_size=8, n_layer=2, n_head=2, n_embd=12)
+ODD = Recipe(MLPConfig(in_features=6, hidden=9, out_features=4, num_layers=3), lr=1e-3)  # 193 parameters
+GPT = Recipe(GPTConfig(vocab_size=29, block_size=8, n_layer=2, n_head=2, n_embd=12), lr=1e-3)
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
@@ -25,10 +27,10 @@ TOL = dict(rtol=1e-5, atol=1e-6)
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_stage_equals_one_process(cluster4, n, stage):
-    ref = reference_adam(ODD, 3, 8)
+    ref = ODD.replace(steps=3, batch_size=8).reference()
     psi = sum(p.numel() for p in ref.params.values())
     assert psi == 193 and psi % n
-    res = train_zero(cluster4, ODD, stage, world_size=n, steps=3, batch=8)
+    res = train_zero(cluster4, ODD.replace(steps=3, batch_size=8), stage, world_size=n)
     assert res[n:] == [None] * (4 - n)
     agreed = check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
     assert agreed.num_tensors == 2 * len(ref.params)
@@ -39,16 +41,16 @@ def test_stage_equals_one_process(cluster4, n, stage):
 @pytest.mark.cluster
 @pytest.mark.parametrize("stage", [1, 3])
 def test_gpt_with_tied_weights_and_mixed_precision(cluster4, stage):
-    ref = reference_adam(GPT, 3, 8)
-    res = train_zero(cluster4, GPT, stage, world_size=4, steps=3, batch=8)
+    ref = GPT.replace(steps=3, batch_size=8).reference()
+    res = train_zero(cluster4, GPT.replace(steps=3, batch_size=8), stage, world_size=4)
     check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
     # the head reuses the embedding's weight: stage 3 gathers that layer once more in forward
     emb_shard = (29 * 12 + 8 * 12) // 4
     extra = 3 * emb_shard * 4 if stage == 3 else 0
     assert res[0].stats["bytes_sent"][0] == zero_comm_bytes(res[0].stats["padded"], 4, stage, False) + extra
     # bf16 parameters and gradients, fp32 master weights: against one process doing the same
-    ref16 = reference_adam(GPT, 3, 8, mixed_precision=True)
-    res16 = train_zero(cluster4, GPT, stage, world_size=4, steps=3, batch=8, mixed_precision=True)
+    ref16 = GPT.replace(steps=3, batch_size=8, mixed_precision=True).reference()
+    res16 = train_zero(cluster4, GPT.replace(steps=3, batch_size=8, mixed_precision=True), stage, world_size=4)
     check_against_reference(res16, ref_params=ref16.params, shared=True, rtol=0, atol=2e-3)
     assert sum(r.losses[-1] for r in res16) / 4 == pytest.approx(ref16.losses[-1], abs=2e-2)
 
@@ -61,7 +63,7 @@ def test_bytes_equal_the_formulas(cluster4, n, mixed):
     padded = padded_numel(sizes, n)
     for stage in range(4):
         cluster4.reset()
-        res = train_zero(cluster4, ODD, stage, world_size=n, steps=2, batch=8, mixed_precision=mixed)
+        res = train_zero(cluster4, ODD.replace(steps=2, batch_size=8, mixed_precision=mixed), stage, world_size=n)
         trace = cluster4.trace()
         want = zero_state_bytes(padded, n, stage, mixed, num_tensors=len(sizes))
         for r in range(n):
@@ -82,8 +84,8 @@ def test_bytes_equal_the_formulas(cluster4, n, mixed):
 @pytest.mark.cluster
 def test_stage3_holds_one_layer_at_a_time(cluster4):
     """The peak of ZeRO-3 is its shards plus the largest gathered layer(s), far below stage 0."""
-    res0 = train_zero(cluster4, GPT, 0, world_size=4, steps=1, batch=8)
-    res3 = train_zero(cluster4, GPT, 3, world_size=4, steps=1, batch=8)
+    res0 = train_zero(cluster4, GPT.replace(steps=1, batch_size=8), 0, world_size=4)
+    res3 = train_zero(cluster4, GPT.replace(steps=1, batch_size=8), 3, world_size=4)
     m0, m3 = res0[0].stats["memory"], res3[0].stats["memory"]
     assert m3["parameters"] * 4 <= m0["parameters"] + 4 * 4 * 4  # a quarter, plus padding
     assert res3[0].stats["peak"] < res0[0].stats["peak"]
@@ -103,16 +105,15 @@ def test_bad_input_is_refused_before_any_engine_work():
     with pytest.raises(ValueError, match="world_size=8 is larger than the cluster, which has 4 ranks"):
         train_zero(NoCluster(), ODD, 1, world_size=8)
     with pytest.raises(ValueError, match="global batch 6 does not divide by world_size=4"):
-        train_zero(NoCluster(), ODD, 1, batch=6)
+        train_zero(NoCluster(), ODD.replace(batch_size=6), 1)
 
 
 def _wrap_different_models(stage):
     import torch.distributed as dist
 
     from pipelib.data_parallel.zero import ZeRO
-    from pipelib.data_parallel.zero_runner import zero_model
 
-    model = zero_model({**ODD, "seed": 1 if dist.get_rank() == 2 else 0})
+    model = ODD.replace(seed=1 if dist.get_rank() == 2 else 0).build()
     ZeRO(model, None, stage=stage)
 
 
@@ -127,9 +128,8 @@ def test_replicas_that_differ_are_named(cluster4):
 
 def test_bad_stage_or_dtype_is_refused_before_any_communication():
     from pipelib.data_parallel.zero import ZeRO
-    from pipelib.data_parallel.zero_runner import zero_model
 
-    model = zero_model(ODD)  # no process group exists in this process: any collective would fail
+    model = ODD.build()  # no process group exists in this process: any collective would fail
     with pytest.raises(ValueError, match="stage=7 is not a ZeRO stage"):
         ZeRO(model, None, stage=7)
     with pytest.raises(ValueError, match="param_dtype=torch.float64; mixed precision here keeps bf16"):
@@ -141,12 +141,12 @@ def _accumulate(stage, group=None):
     import torch.distributed as dist
 
     from pipelib.data_parallel.zero import ZeRO
-    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+    from pipelib.recipe import loss_of
 
-    zero = ZeRO(zero_model(ODD), group, stage=stage)
-    x, y = next(zero_batches(ODD, 1, 8, dist.get_world_size(), dist.get_rank()))
+    zero = ZeRO(ODD.build(), group, stage=stage)
+    x, y = ODD.replace(batch_size=8).batch(0, dist.get_rank(), dist.get_world_size())
     for half in (slice(0, 1), slice(1, 2)):
-        (zero_loss(zero, x[half], y[half]) / 2).backward()
+        (loss_of(zero, x[half], y[half]) / 2).backward()
     zero.step()
     return zero.full_parameters()
 
@@ -154,7 +154,7 @@ def _accumulate(stage, group=None):
 @pytest.mark.cluster
 @pytest.mark.parametrize("stage", [1, 3])
 def test_gradient_accumulation(cluster4, stage):
-    ref = reference_adam(ODD, 1, 8)
+    ref = ODD.replace(steps=1, batch_size=8).reference()
     for params in cluster4.run(_accumulate, stage):
         for k, v in ref.params.items():
             torch.testing.assert_close(params[k], v, **TOL)
@@ -175,11 +175,10 @@ class _Any(torch.nn.Module):
 def test_units_of_any_model():
     """The book's models keep their layers; any other model is cut into its children, the items
     of a ModuleList one by one (per block, as FSDP is applied), and frozen parameters join none."""
-    from pipelib.data_parallel.zero_runner import zero_model
     from pipelib.data_parallel.zero_units import build_units, unit_modules
 
-    assert [n for n, _ in unit_modules(zero_model(ODD))] == ["layers.0", "layers.1", "layers.2"]
-    assert [n for n, _ in unit_modules(zero_model(GPT))] == ["embed", "blocks.0", "blocks.1", "head"]
+    assert [n for n, _ in unit_modules(ODD.build())] == ["layers.0", "layers.1", "layers.2"]
+    assert [n for n, _ in unit_modules(GPT.build())] == ["embed", "blocks.0", "blocks.1", "head"]
     model = _Any()
     units, uses = build_units(model, 2, 0, torch.float32)
     assert [(u.name, u.numel) for u in units] == [("embed", 16), ("blocks.0", 20), ("blocks.1", 20), ("rest", 4)]
@@ -219,8 +218,8 @@ def test_bench_contestants_race_in_turn_smoke(cluster4):
     FSDP2 built side by side, one step each in turn (alternate_steps), every time measured."""
     from pipelib.data_parallel.zero_bench import zero_bench_setup, zero_bench_times
 
-    spec = {"kind": "mlp", "in_features": 8, "hidden": 16, "out_features": 4, "num_layers": 2}
-    psi = cluster4.run(zero_bench_setup, spec, 8)[0]
+    spec = Recipe(MLPConfig(in_features=8, hidden=16, out_features=4, num_layers=2), lr=1e-3)
+    psi = cluster4.run(zero_bench_setup, spec.replace(batch_size=8))[0]
     out = cluster4.run(zero_bench_times, ("zero3", "fsdp2", "zero0"), 2)
     assert psi > 0 and all(o == out[0] for o in out)  # every rank holds the slowest rank's times
     assert sorted(out[0]) == ["fsdp2", "zero0", "zero3"] and all(len(v) == 2 for v in out[0].values())
@@ -230,11 +229,11 @@ def _clipped_sgd_step(stage, group=None):
     import torch.distributed as dist
 
     from pipelib.data_parallel.zero import ZeRO
-    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+    from pipelib.recipe import loss_of
 
-    zero = ZeRO(zero_model(ODD), group, stage=stage, optimizer=torch.optim.SGD, lr=0.5)
-    x, y = next(zero_batches(ODD, 1, 8, dist.get_world_size(), dist.get_rank()))
-    zero_loss(zero, x, y).backward()
+    zero = ZeRO(ODD.build(), group, stage=stage, optimizer=torch.optim.SGD, lr=0.5)
+    x, y = ODD.replace(batch_size=8).batch(0, dist.get_rank(), dist.get_world_size())
+    loss_of(zero, x, y).backward()
     norm = zero.clip_grad_norm_(0.1)
     zero.step()
     return norm, zero.full_parameters()
@@ -245,11 +244,11 @@ def _clipped_sgd_step(stage, group=None):
 def test_global_norm_clipping_of_sharded_gradients_equals_torch(cluster4, stage):
     """torch.nn.utils.clip_grad_norm_ on one process, the whole batch, then SGD: the same norm
     and the same parameters as ZeRO clipping its shards with one all-reduce of a scalar."""
-    from pipelib.data_parallel.zero_runner import zero_batches, zero_loss, zero_model
+    from pipelib.recipe import loss_of
 
-    model = zero_model(ODD)
-    x, y = next(zero_batches(ODD, 1, 8))
-    zero_loss(model, x, y).backward()
+    model = ODD.build()
+    x, y = ODD.replace(batch_size=8).batch(0)
+    loss_of(model, x, y).backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1).item()
     assert norm > 0.1  # the clip must act for the test to mean something
     torch.optim.SGD(model.parameters(), lr=0.5).step()

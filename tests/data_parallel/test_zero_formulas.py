@@ -10,6 +10,8 @@ from pipelib.data_parallel.zero_formulas import (
     zero_comm_bytes,
     zero_state_bytes,
 )
+from pipelib.model import MLPConfig
+from pipelib.recipe import Recipe
 
 
 def test_the_papers_table_and_seed_003s_milestone():
@@ -112,7 +114,7 @@ def test_zero3_timing_model_against_the_clock(cluster4):
     from pipelib.costmodel import get_profile
     from pipelib.data_parallel.zero_runner import train_zero
 
-    spec = dict(kind="mlp", in_features=128, hidden=250, out_features=64, num_layers=3)
+    spec = Recipe(MLPConfig(in_features=128, hidden=250, out_features=64, num_layers=3), lr=1e-3)
     n, rows = 4, 64
     model = zero3_times([128, 250, 250, 64], rows, n, get_profile("toy-gpu"))
     assert model.prefetch_saves is not None  # every layer computes longer than its neighbours' gathers
@@ -121,7 +123,8 @@ def test_zero3_timing_model_against_the_clock(cluster4):
                             ("no reshard", 3, {"reshard_after_forward": False})):
         cluster4.reset()  # clocks from 0: after earlier tests they stand at large values, where a
         # difference of two sums of many terms rounds by more than 1e-9 s (train_zero does not reset)
-        t[name] = train_zero(cluster4, spec, stage, world_size=n, steps=1, batch=rows * n, **kw)[0].times[0]
+        run = spec.replace(steps=1, batch_size=rows * n)
+        t[name] = train_zero(cluster4, run, stage, world_size=n, **kw)[0].times[0]
     assert t["ZeRO-3"] - t["stage 0"] == pytest.approx(model.extra, abs=1e-9)
     assert t["ZeRO-3"] - t["prefetch"] == pytest.approx(model.prefetch_saves, abs=1e-9)
     assert t["ZeRO-3"] - t["no reshard"] == pytest.approx(model.no_reshard_saves, abs=1e-9)

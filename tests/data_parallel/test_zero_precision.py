@@ -11,13 +11,15 @@ import torch
 
 from pipelib.data_parallel.zero_formulas import padded_numel, zero_comm_bytes, zero_state_bytes
 from pipelib.data_parallel.zero_precision import rank_mean_gradients, ring_sum_error
-from pipelib.data_parallel.zero_runner import reference_adam, train_zero
+from pipelib.data_parallel.zero_runner import train_zero
 from pipelib.results import check_against_reference
+from pipelib.model import MLPConfig
+from pipelib.recipe import Recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ODD = dict(kind="mlp", in_features=6, hidden=9, out_features=4, num_layers=3)  # 193 parameters
-WIDE = dict(kind="mlp", in_features=30, hidden=50, out_features=7, num_layers=3)
+ODD = Recipe(MLPConfig(in_features=6, hidden=9, out_features=4, num_layers=3), lr=1e-3)  # 193 parameters
+WIDE = Recipe(MLPConfig(in_features=30, hidden=50, out_features=7, num_layers=3), lr=1e-3)
 
 
 def _relative_error(grads, want):
@@ -27,9 +29,10 @@ def _relative_error(grads, want):
 @pytest.mark.cluster
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_fp32_reduction_equals_the_exact_mean_of_bf16_gradients(cluster4, stage):
-    want = rank_mean_gradients(WIDE, 8, 4)
-    fp32 = train_zero(cluster4, WIDE, stage, steps=1, batch=8, mixed_precision=True, reduce_dtype=torch.float32)
-    bf16 = train_zero(cluster4, WIDE, stage, steps=1, batch=8, mixed_precision=True)
+    want = rank_mean_gradients(WIDE.replace(batch_size=8), 4)
+    mixed = WIDE.replace(steps=1, batch_size=8, mixed_precision=True)
+    fp32 = train_zero(cluster4, mixed, stage, reduce_dtype=torch.float32)
+    bf16 = train_zero(cluster4, mixed, stage)
     e32, e16 = _relative_error(fp32[0].grads, want), _relative_error(bf16[0].grads, want)
     assert e32 < 1e-6          # a sum of 4 bf16 values is exact in fp32; / 4 is exact
     assert e16 > 1e-4 > e32    # bf16 keeps 8 bits: the ring's sums round
@@ -40,7 +43,8 @@ def test_fp32_reduction_equals_the_exact_mean_of_bf16_gradients(cluster4, stage)
 def test_fp32_gradients_hold_18_bytes_and_send_4_byte_gradients(cluster4, stage):
     padded = padded_numel([63, 90, 40], 4)
     cluster4.reset()
-    res = train_zero(cluster4, ODD, stage, steps=2, batch=8, mixed_precision=True, reduce_dtype=torch.float32)
+    mixed = ODD.replace(steps=2, batch_size=8, mixed_precision=True)
+    res = train_zero(cluster4, mixed, stage, reduce_dtype=torch.float32)
     want = zero_state_bytes(padded, 4, stage, True, num_tensors=3, fp32_grads=True)
     for r in range(4):
         got = res[r].stats["memory"]
@@ -48,7 +52,7 @@ def test_fp32_gradients_hold_18_bytes_and_send_4_byte_gradients(cluster4, stage)
         per_step = zero_comm_bytes(padded, 4, stage, True, fp32_grads=True)
         assert res[r].stats["bytes_sent"] == (per_step, per_step)
     # training goes on as in one process with the same master weights
-    ref = reference_adam(ODD, 2, 8, mixed_precision=True)
+    ref = ODD.replace(steps=2, batch_size=8, mixed_precision=True).reference()
     check_against_reference(res, ref_params=ref.params, shared=True, rtol=0, atol=2e-3)
 
 
@@ -56,9 +60,9 @@ def test_fp32_gradients_hold_18_bytes_and_send_4_byte_gradients(cluster4, stage)
 def test_fp32_main_gradients_accumulate_micro_batches(cluster4):
     """Stage 1 with fp32 main gradients and 2 micro-batches: equal to one process in fp32 within
     bf16 compute's error, and the step's traffic is one reduction, as without accumulation."""
-    ref = reference_adam(ODD, 1, 16)
-    res = train_zero(cluster4, ODD, 1, steps=1, batch=16, accumulate=2, mixed_precision=True,
-                     reduce_dtype=torch.float32)
+    ref = ODD.replace(steps=1, batch_size=16).reference()
+    mixed = ODD.replace(steps=1, batch_size=16, mixed_precision=True)
+    res = train_zero(cluster4, mixed, 1, accumulate=2, reduce_dtype=torch.float32)
     check_against_reference(res, ref_params=ref.params, shared=True, rtol=0, atol=2e-3)
     padded = padded_numel([63, 90, 40], 4)
     assert res[0].stats["bytes_sent"] == (zero_comm_bytes(padded, 4, 1, True, fp32_grads=True),)

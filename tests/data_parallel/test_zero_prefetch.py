@@ -8,14 +8,16 @@ FLOPs, 0.42 ms on toy-gpu) lasts longer than its all-gather on 4 ranks (3 (alpha
 import pytest
 
 from pipelib.data_parallel.zero_formulas import adam_bytes_moved, padded_numel, zero_comm_bytes, zero_state_bytes
-from pipelib.data_parallel.zero_runner import reference_adam, train_zero
+from pipelib.data_parallel.zero_runner import train_zero
 from pipelib.results import check_against_reference
+from pipelib.model import GPTConfig, MLPConfig
+from pipelib.recipe import Recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ODD = dict(kind="mlp", in_features=6, hidden=9, out_features=4, num_layers=3)  # 193 parameters
-GPT = dict(kind="gpt", vocab_size=29, block_size=8, n_layer=2, n_head=2, n_embd=12)
-PEN = dict(kind="mlp", in_features=256, hidden=256, out_features=256, num_layers=2)
+ODD = Recipe(MLPConfig(in_features=6, hidden=9, out_features=4, num_layers=3), lr=1e-3)  # 193 parameters
+GPT = Recipe(GPTConfig(vocab_size=29, block_size=8, n_layer=2, n_head=2, n_embd=12), lr=1e-3)
+PEN = Recipe(MLPConfig(in_features=256, hidden=256, out_features=256, num_layers=2), lr=1e-3)
 TOL = dict(rtol=1e-5, atol=1e-6)
 OPTIONS = [dict(prefetch=True), dict(reshard_after_forward=False), dict(prefetch=True, reshard_after_forward=False)]
 
@@ -24,8 +26,8 @@ OPTIONS = [dict(prefetch=True), dict(reshard_after_forward=False), dict(prefetch
 @pytest.mark.parametrize("spec", [ODD, GPT], ids=["mlp", "gpt-tied"])
 @pytest.mark.parametrize("kw", OPTIONS, ids=["prefetch", "no-reshard", "both"])
 def test_stage3_options_equal_one_process(cluster4, spec, kw):
-    ref = reference_adam(spec, 3, 8)
-    res = train_zero(cluster4, spec, 3, world_size=4, steps=3, batch=8, **kw)
+    ref = spec.replace(steps=3, batch_size=8).reference()
+    res = train_zero(cluster4, spec.replace(steps=3, batch_size=8), 3, world_size=4, **kw)
     agreed = check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
     assert agreed.num_tensors == 2 * len(ref.params)
     padded = res[0].stats["padded"]
@@ -46,7 +48,7 @@ def test_prefetch_hides_all_but_the_first_gather_of_each_pass(cluster4):
     t = {}
     for name, kw in (("plain", {}), ("prefetch", {"prefetch": True}), ("no-reshard", {"reshard_after_forward": False})):
         cluster4.reset()
-        res = train_zero(cluster4, PEN, 3, steps=1, batch=rows * n, **kw)
+        res = train_zero(cluster4, PEN.replace(steps=1, batch_size=rows * n), 3, **kw)
         t[name] = res[0].times[0]
         if name == "prefetch":
             from pipelib.trace import Kind
@@ -67,9 +69,9 @@ def test_prefetch_hides_all_but_the_first_gather_of_each_pass(cluster4):
 @pytest.mark.cluster
 def test_prefetch_holds_two_layers_at_once(cluster4):
     layer = 4 * (256 * 256 + 256)
-    plain = train_zero(cluster4, PEN, 3, steps=1, batch=8 * 4)[0].stats
-    pre = train_zero(cluster4, PEN, 3, steps=1, batch=8 * 4, prefetch=True)[0].stats
-    keep = train_zero(cluster4, PEN, 3, steps=1, batch=8 * 4, reshard_after_forward=False)[0].stats
+    plain = train_zero(cluster4, PEN.replace(steps=1, batch_size=8 * 4), 3)[0].stats
+    pre = train_zero(cluster4, PEN.replace(steps=1, batch_size=8 * 4), 3, prefetch=True)[0].stats
+    keep = train_zero(cluster4, PEN.replace(steps=1, batch_size=8 * 4), 3, reshard_after_forward=False)[0].stats
     assert pre["gathered peak"] == 2 * layer and keep["gathered peak"] == 2 * layer  # two of two layers
     assert plain["gathered peak"] <= 2 * layer
 
@@ -81,9 +83,9 @@ def test_traffic_with_gradient_accumulation(cluster4, k):
     also gathers per micro-batch. Counted from the trace, equal to the formulas; and equal to
     one process on the whole batch."""
     padded = padded_numel([63, 90, 40], 4)
-    ref = reference_adam(ODD, 2, 8 * k)
+    ref = ODD.replace(steps=2, batch_size=8 * k).reference()
     for stage in range(4):
-        res = train_zero(cluster4, ODD, stage, steps=2, batch=8 * k, accumulate=k)
+        res = train_zero(cluster4, ODD.replace(steps=2, batch_size=8 * k), stage, accumulate=k)
         check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
         want = zero_comm_bytes(padded, 4, stage, False, accumulate=k)
         assert res[0].stats["bytes_sent"] == (want, want), (stage, k)
@@ -97,7 +99,7 @@ def test_optimizer_step_is_charged_and_n_times_cheaper(cluster4):
     bw = get_profile("toy-gpu").mem_bandwidth
     for stage in (0, 1, 3):
         cluster4.reset()
-        res = train_zero(cluster4, ODD, stage, steps=1, batch=8)
+        res = train_zero(cluster4, ODD.replace(steps=1, batch_size=8), stage)
         opt = [e for e in cluster4.trace().events if e.rank == 0 and e.label == "optimizer"]
         numel = padded_numel([63, 90, 40], 4) // (1 if stage == 0 else 4)
         assert res[0].stats["optimizer bytes"] == adam_bytes_moved(numel)
@@ -108,12 +110,11 @@ def test_options_outside_stage_3_are_refused_before_any_communication():
     import torch
 
     from pipelib.data_parallel.zero import ZeRO
-    from pipelib.data_parallel.zero_runner import zero_model
 
     with pytest.raises(ValueError, match="only stage 3 does"):
-        ZeRO(zero_model(ODD), None, 2, prefetch=True)
+        ZeRO(ODD.build(), None, 2, prefetch=True)
     with pytest.raises(ValueError, match="reduce_dtype=torch.float16"):
-        ZeRO(zero_model(ODD), None, 2, mixed_precision=True, reduce_dtype=torch.float16)
+        ZeRO(ODD.build(), None, 2, mixed_precision=True, reduce_dtype=torch.float16)
 
     class NoCluster:
         world_size = 4
@@ -122,7 +123,7 @@ def test_options_outside_stage_3_are_refused_before_any_communication():
             raise AssertionError("engine work started")
 
     with pytest.raises(ValueError, match="accumulate=3"):
-        train_zero(NoCluster(), ODD, 1, batch=8, accumulate=3)
+        train_zero(NoCluster(), ODD.replace(batch_size=8), 1, accumulate=3)
 
 
 @pytest.mark.cluster
@@ -131,8 +132,8 @@ def test_prefetch_never_costs_time_when_compute_is_short(cluster4, rows):
     """A layer's forward shorter than a gather: prefetching hides the gathers only in part, and
     a reduce-scatter waits for the gather in flight (one link); still never slower, and equal
     to one process."""
-    plain = train_zero(cluster4, PEN, 3, steps=1, batch=rows * 4)
-    pre = train_zero(cluster4, PEN, 3, steps=1, batch=rows * 4, prefetch=True)
+    plain = train_zero(cluster4, PEN.replace(steps=1, batch_size=rows * 4), 3)
+    pre = train_zero(cluster4, PEN.replace(steps=1, batch_size=rows * 4), 3, prefetch=True)
     assert pre[0].times[0] <= plain[0].times[0]
     for name, g in plain[0].grads.items():
         assert (pre[0].grads[name] - g).abs().max() == 0, name  # the same sums, in the same order
@@ -147,8 +148,8 @@ def test_hsdp_on_a_2x2_mesh_equals_one_process(cluster4, stage):
     from pipelib.data_parallel.zero_formulas import hsdp_comm_bytes
     from pipelib.data_parallel.zero_runner import train_hsdp
 
-    ref = reference_adam(ODD, 3, 8)
-    res = train_hsdp(cluster4, ODD, stage, shard=2, steps=3, batch=8)
+    ref = ODD.replace(steps=3, batch_size=8).reference()
+    res = train_hsdp(cluster4, ODD.replace(steps=3, batch_size=8), stage, shard=2)
     check_against_reference(res, ref_grads=ref.grads, ref_params=ref.params, shared=True, **TOL)
     assert res[0].losses == pytest.approx(ref.losses, rel=1e-5)
     want = hsdp_comm_bytes(padded_numel([63, 90, 40], 2), 2, 2, stage, mixed_precision=False)

@@ -1,6 +1,8 @@
 """Blocking sends (chapter 12): GPipe survives them, 1F1B deadlocks into an error naming every
 rank and the send it is stuck in, and after a restart the real executor runs the same schedule."""
 import pytest
+
+from pipelib.recipe import Recipe
 import torch
 
 from pipelib.model import MLP, MLPConfig
@@ -8,7 +10,7 @@ from pipelib.pipeline.blocking import check_blocking, stage_input_shapes, train_
 from pipelib.pipeline.schedules import gpipe, interleaved_1f1b, one_f_one_b, zero_bubble_h1
 from pipelib.pipeline.simulate import Costs
 from pipelib.pipeline.stage import split_into_stages
-from pipelib.pipeline.step import monolith_step, run_train_step
+from pipelib.pipeline.step import run_train_step
 from pipelib.results import check_against_reference
 
 CFG = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=4)
@@ -19,7 +21,7 @@ COSTS = Costs(F=1e-3, B=2e-3)  # modelled durations: no FLOP counting (its first
 
 
 def _equal_to_monolith(results, m):
-    check_against_reference(results, *monolith_step(CFG, ROWS * m, batch_seed=m))
+    check_against_reference(results, Recipe(CFG, batch_size=ROWS * m, data_seed=m).first_step())
 
 
 # ----------------------------------------------------------------------------- no cluster

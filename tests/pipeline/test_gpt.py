@@ -1,13 +1,14 @@
 """The tiny GPT pipelined on the live cluster equals the single-process GPT: same loss, same
 gradients, the tied embedding/head weight on both of its ranks included."""
 import pytest
+
+from pipelib.recipe import Recipe
 import torch
 
 from pipelib.model import GPT, GPTConfig
 from pipelib.pipeline.gpt import (
     PIPELINE_GPT,
     check_gpt_step,
-    gpt_monolith_step,
     gpt_stages,
     gpt_train_step,
     run_gpt_train_step,
@@ -67,7 +68,7 @@ def _merge(name, p, m, per_rank):
 def test_pipelined_gpt_equals_the_monolith(results, case):
     name, p, m = case
     _, _, tied = _merge(name, p, m, results[case])  # the tied weight on its first and last rank
-    agreed = check_against_reference(results[case], *gpt_monolith_step(CFG, ROWS * m, batch_seed=m),
+    agreed = check_against_reference(results[case], Recipe(CFG, batch_size=ROWS * m, data_seed=m).first_step(),
                                      shared={WTE})
     assert agreed.num_tensors == len(dict(GPT(CFG).named_parameters()))
     if len(tied) == 2:  # the two copies are summed in the same order: bit for bit equal
@@ -79,7 +80,7 @@ def test_without_the_sum_each_copy_holds_only_its_own_use(cluster4):
     case = ("1f1b", 4, 4)
     per_rank = cluster4.run(_run_cases, [case], tie=False)
     _, _, tied = _merge(*case, [r[0] for r in per_rank[:4]])
-    ref = gpt_monolith_step(CFG, ROWS * 4, batch_seed=4)[1][WTE]
+    ref = Recipe(CFG, batch_size=ROWS * 4, data_seed=4).first_step().grads[WTE]
     for g in tied.values():
         assert not torch.allclose(g, ref, atol=1e-6)
     torch.testing.assert_close(tied[0] + tied[3], ref)
@@ -105,7 +106,7 @@ def _tied_step(name, p, m, megatron):
 def test_the_tied_sum_sends_one_gradient_each_way(cluster4, megatron):
     per_rank = cluster4.run(_tied_step, "1f1b", 4, 4, megatron)
     _, _, tied = _merge("1f1b", 4, 4, per_rank)
-    ref = gpt_monolith_step(CFG, ROWS * 4, batch_seed=4)[1][WTE]
+    ref = Recipe(CFG, batch_size=ROWS * 4, data_seed=4).first_step().grads[WTE]
     for g in tied.values():
         torch.testing.assert_close(g, ref)
     nbytes = CFG.vocab_size * CFG.n_embd * 4  # (V, C) float32, measured by comms' counters

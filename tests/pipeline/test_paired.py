@@ -2,11 +2,13 @@
 equal to the monolith on 2 and 4 ranks, and its virtual-clock step time predicted exactly."""
 import pytest
 
+from pipelib.recipe import Recipe
+
 from pipelib.model import MLPConfig
 from pipelib.pipeline.paired import Msg, paired_program, predict_paired, train_step_paired
 from pipelib.pipeline.schedules import Action, one_f_one_b
 from pipelib.pipeline.simulate import Costs, simulate
-from pipelib.pipeline.step import monolith_step, run_train_step
+from pipelib.pipeline.step import run_train_step
 from pipelib.results import check_against_reference
 
 CFG = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=4)
@@ -68,7 +70,7 @@ def test_paired_1f1b_equals_the_monolith_and_its_prediction(paired4, p, m, mode)
     costs = Costs(F=1e-3, B=2e-3, p2p=get_profile("toy-gpu").message_time, message_bytes=ROWS * 64)
     paired4.reset()
     res = paired4.run(train_step_paired, p, m, CFG, m, batch_size=ROWS * m, costs=costs, mode=mode)
-    check_against_reference(res[:p], *monolith_step(CFG, ROWS * m, batch_seed=m))
+    check_against_reference(res[:p], Recipe(CFG, batch_size=ROWS * m, data_seed=m).first_step())
     assert res[p:] == [None] * (4 - p)
     assert abs(paired4.trace().span - max(predict_paired(p, m, costs, mode))) < 1e-9
     if mode == "paired":

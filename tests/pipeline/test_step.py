@@ -1,6 +1,8 @@
 """The pipeline executor on the live cluster: every schedule equals the monolith, its timeline
 equals `simulate`, its activation memory is what theory says, and bad input fails early."""
 import pytest
+
+from pipelib.recipe import Recipe
 import torch
 
 from pipelib.costmodel import get_profile
@@ -9,7 +11,7 @@ from pipelib.pipeline.schedules import ScheduleDeadlock, as_schedule
 from pipelib.pipeline.schedules.registry import REGISTRY
 from pipelib.pipeline.simulate import Costs, simulate
 from pipelib.pipeline.stage import partition, split_into_stages
-from pipelib.pipeline.step import check_step, monolith_step, resolve_schedule, run_train_step, train_step
+from pipelib.pipeline.step import check_step, resolve_schedule, run_train_step, train_step
 from pipelib.results import check_against_reference
 from pipelib.trace import Kind
 
@@ -58,7 +60,7 @@ def test_every_schedule_equals_the_monolith(matrix, name):
     ran = [m for (n, m) in results if n == name]
     assert ran, f"{name} ran for no m with p={p}"
     for m in ran:
-        agreed = check_against_reference(results[name, m], *monolith_step(CFG, ROWS * m, batch_seed=m))
+        agreed = check_against_reference(results[name, m], Recipe(CFG, batch_size=ROWS * m, data_seed=m).first_step())
         assert agreed.num_tensors == 2 * CFG.num_layers, f"{name} p={p} m={m}: {agreed}"
 
 
@@ -98,7 +100,7 @@ def test_receives_posted_ahead_change_neither_gradients_nor_timeline(cluster4, r
                   message_bytes=ROWS * CFG.hidden * 4)
     cluster4.reset()
     check_against_reference(cluster4.run(_ahead, recv_ahead, costs),
-                            *monolith_step(CFG, ROWS * 8, batch_seed=8))
+                            Recipe(CFG, batch_size=ROWS * 8, data_seed=8).first_step())
     cluster4.trace().matches(simulate(resolve_schedule("zbv", 4, 8), costs).events, tol=1e-12)
 
 
@@ -110,7 +112,7 @@ def test_repeated_steps_give_one_steps_gradients_and_times(cluster4):
     res = cluster4.run(_steps)
     assert all(len(r.times) == 3 and min(r.times) > 0 for r in res)
     assert all(len(r.bytes_sent) == 3 and len(set(r.bytes_sent)) == 1 for r in res)  # the same step thrice
-    check_against_reference(res, *monolith_step(CFG, ROWS * 4, batch_seed=4))
+    check_against_reference(res, Recipe(CFG, batch_size=ROWS * 4, data_seed=4).first_step())
 
 
 def _measured(costs):
@@ -202,7 +204,7 @@ def _subgroup():
 def test_a_pipeline_on_a_subgroup(cluster4):
     res = cluster4.run(_subgroup)
     assert res[:2] == [None, None]
-    check_against_reference(res, *monolith_step(CFG, ROWS * 4, batch_seed=4))
+    check_against_reference(res, Recipe(CFG, batch_size=ROWS * 4, data_seed=4).first_step())
 
 
 # ----------------------------------------------------------------------------- faults

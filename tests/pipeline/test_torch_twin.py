@@ -3,10 +3,12 @@ stage boundaries and placement) gives the same loss and gradients as torch's sch
 same name and as the single-process monolith; torch's own order is pipelib's; bad input fails
 in the notebook."""
 import pytest
+
+from pipelib.recipe import Recipe
 import torch
 
 from pipelib.model import MLPConfig
-from pipelib.pipeline.step import monolith_step, resolve_schedule, train_step
+from pipelib.pipeline.step import resolve_schedule, train_step
 from pipelib.pipeline.torch_twin import (
     TORCH_SCHEDULES,
     check_torch_step,
@@ -80,7 +82,8 @@ def test_every_torch_schedule_is_covered():
 @pytest.mark.parametrize("case", CASES, ids=[f"{n}-p{p}-m{m}" for n, p, m in CASES])
 def test_pipelib_equals_torch_equals_the_monolith(results, case):
     name, p, m = case
-    ref_loss, ref_grads = monolith_step(CFG, ROWS * m, batch_seed=m)
+    ref = Recipe(CFG, batch_size=ROWS * m, data_seed=m).first_step()
+    ref_loss, ref_grads = ref.loss, ref.grads
     ours, theirs = zip(*results[case])
     for who, res in (("pipelib", ours), ("torch", theirs)):
         agreed = check_against_reference(res, ref_loss, ref_grads)
@@ -96,7 +99,8 @@ def _timed(name, p, m, steps):
 
 def test_timing_mode_repeats_the_step(warm):
     per_rank = warm.run(_timed, "zbv", 4, 8, 3)
-    ref_loss, ref_grads = monolith_step(CFG, ROWS * 8)
+    ref = Recipe(CFG, batch_size=ROWS * 8).first_step()
+    ref_loss, ref_grads = ref.loss, ref.grads
     for ours, theirs in per_rank:
         for r in (ours, theirs):
             assert len(r.times) == 3 and all(t > 0 for t in r.times)

@@ -8,7 +8,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipelib.memory import gpt_activation_bytes
 from pipelib.model import GPT, GPTConfig
 from pipelib.recompute.formulas import predict_policy
-from pipelib.recompute.measure import bitwise_equal, measure_policy, step_tokens
+from pipelib.batches import global_batch
+from pipelib.recompute.measure import bitwise_equal, measure_policy
 from pipelib.recompute.policies import apply_recompute, recompute_policy
 from pipelib.runtime.memtrack import SimulatedOutOfMemoryError
 from pipelib.train import SavedActivations
@@ -69,7 +70,7 @@ def test_op_clock_counts_what_torchs_flop_counter_counts():
     tracker refuses the autograd.grad inside a rerun, hence OpClock)."""
     cfg = GPTConfig(n_layer=2)
     model = GPT(cfg)
-    idx, targets = step_tokens(cfg, 2, cfg.block_size, 0)
+    idx, targets = global_batch(cfg, 2, 0, 0, seq_len=cfg.block_size)
     with FlopCounterMode(display=False) as fc:
         model(idx, targets)[1].backward()
     none, full = measure_policy(cfg, "none", batch=2), measure_policy(cfg, "full", batch=2)
@@ -85,7 +86,7 @@ def test_the_meter_of_chapter_03_sees_only_what_is_kept():
     """train.SavedActivations (hooks entered before ours) counts the kept inputs only."""
     cfg = GPTConfig(n_layer=3)
     model = apply_recompute(GPT(cfg), "full")
-    idx, targets = step_tokens(cfg, B, cfg.block_size, 0)
+    idx, targets = global_batch(cfg, B, 0, 0, seq_len=cfg.block_size)
     with SavedActivations(model) as meter:
         model(idx, targets)
     assert meter.nbytes == predict_policy(cfg, B, cfg.block_size, "full").kept_bytes
@@ -114,7 +115,7 @@ def test_none_undoes_and_names_and_eval_are_untouched():
     names = list(model.state_dict())
     assert recompute_policy(apply_recompute(model, "every_k", 2)) == "every_k:2"
     assert list(model.state_dict()) == names
-    idx, _ = step_tokens(cfg, 2, cfg.block_size, 0)
+    idx, _ = global_batch(cfg, 2, 0, 0, seq_len=cfg.block_size)
     with torch.no_grad():  # no graph: the policy steps aside
         out = model(idx)[0]
     assert recompute_policy(apply_recompute(model, "selective")) == "selective"
@@ -171,7 +172,7 @@ def test_recompute_runs_under_torchs_flop_counter(policy):
     1F1B stage timed from counted FLOPs). The counter sees the rerun: one more forward of the
     blocks for full and every_k, the core's two matmuls per block for selective."""
     cfg = GPTConfig(n_layer=3, n_head=2, n_embd=32, block_size=16)
-    idx, targets = step_tokens(cfg, 2, 16, 0)
+    idx, targets = global_batch(cfg, 2, 0, 0, seq_len=16)
     counted = {}
     for p in ("none", policy):
         model = apply_recompute(GPT(cfg, seed=0), p, 2 if p == "every_k" else None)

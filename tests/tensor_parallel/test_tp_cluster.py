@@ -8,7 +8,7 @@ from pipelib.model import GPTConfig
 from pipelib.results import check_against_reference
 from pipelib.tensor_parallel.dtensor_twin import dtensor_tp_blocks_step, tp_blocks_reference, tp_blocks_step
 from pipelib.tensor_parallel.formulas import tp_layer_bytes, tp_step_counts
-from pipelib.tensor_parallel.step import tp_reference_step, tp_train_step
+from pipelib.tensor_parallel.step import tp_recipe, tp_train_step
 
 pytestmark = pytest.mark.cluster
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32)
@@ -22,7 +22,8 @@ def test_tp_gpt_equals_the_unsharded_model_and_bytes_equal_the_formulas(cluster4
     cluster4.reset()
     results = cluster4.run(tp_train_step, CFG, B, S, t, sequence_parallel=sp, dtype=dtype)
     trace = cluster4.trace()
-    loss, grads, logits = tp_reference_step(CFG, B, S, dtype=dtype)
+    ref = tp_recipe(CFG, B, S, dtype=dtype).first_step(keep_logits=True)
+    loss, grads, logits = ref.loss, ref.grads, ref.stats["logits"]
     tol = {} if dtype == "float64" else {"rtol": 1e-5, "atol": 1e-6}
     agreed = check_against_reference(results, loss, grads, **tol)
     assert agreed.num_tensors == len(grads) == 4 + 12 * CFG.n_layer  # the tied wte/lm_head counted once
@@ -116,7 +117,8 @@ def test_torch_collectives_backend_gives_the_same_step_untraced(cluster4):
     cluster4.reset()
     results = cluster4.run(tp_train_step, CFG, B, S, 4, sequence_parallel=True, dtype="float64", backend="torch")
     assert cluster4.trace().filter(kind="collective").events == []   # torch's built-ins: not on pipelib's trace
-    loss, grads, _ = tp_reference_step(CFG, B, S, dtype="float64")
+    ref = tp_recipe(CFG, B, S, dtype="float64").first_step()
+    loss, grads = ref.loss, ref.grads
     check_against_reference(results, loss, grads)
 
 
@@ -182,7 +184,8 @@ def test_whole_gpt_same_as_dtensor_with_loss_parallel(cluster4, t, sp):
     from pipelib.tensor_parallel.dtensor_twin import dtensor_tp_gpt_step
 
     dtype = "float64"
-    loss, grads, logits = tp_reference_step(CFG, B, S, dtype=dtype)
+    ref = tp_recipe(CFG, B, S, dtype=dtype).first_step(keep_logits=True)
+    loss, grads, logits = ref.loss, ref.grads, ref.stats["logits"]
     ours = cluster4.run(tp_train_step, CFG, B, S, t, sequence_parallel=sp, dtype=dtype)
     theirs = cluster4.run(dtensor_tp_gpt_step, CFG, B, S, t, sequence_parallel=sp, dtype=dtype)
     for res in (ours, theirs):
@@ -205,17 +208,14 @@ def test_activation_bytes_per_layer_measured_equal_the_count(cluster4):
 
 def test_adamw_training_on_the_char_corpus_equals_one_process(cluster4):
     from pipelib.data import char_corpus
-    from pipelib.model import GPT
+    from pipelib.recipe import Recipe
     from pipelib.tensor_parallel.step import tp_train
-    from pipelib.train import train_gpt
 
     cfg = GPTConfig(vocab_size=char_corpus().vocab_size, block_size=16, n_layer=1, n_head=4, n_embd=32)
-    one = GPT(cfg, seed=0).double()
-    want = train_gpt(one, char_corpus(), 3, lr=1e-2, batch_size=4, seed=0)
-    res = cluster4.run(tp_train, cfg, 4, 3, lr=1e-2, batch_size=4, sequence_parallel=True, dtype="float64")
-    torch.testing.assert_close(torch.tensor(res[0].losses, dtype=torch.float64),
-                               torch.tensor(want, dtype=torch.float64))
-    check_against_reference(res, ref_params={n: p.detach() for n, p in one.named_parameters()})
+    recipe = Recipe(cfg, batch_size=4, steps=3, lr=1e-2, dtype=torch.float64, data="corpus")
+    res = cluster4.run(tp_train, recipe, 4, sequence_parallel=True)
+    agreed = check_against_reference(res, recipe.reference())   # every step's loss, gradients, parameters
+    assert agreed.num_losses == 3 and agreed.num_tensors == 2 * len(res[0].params)
 
 
 def test_bench_timer_runs_the_three_side_by_side(cluster4):
