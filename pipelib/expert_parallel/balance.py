@@ -50,3 +50,9 @@ def load_imbalance(counts) -> float:
     c = torch.as_tensor(counts, dtype=torch.float64)
     mean = float(c.mean()) if c.numel() else 0.0
     return float(c.max()) / mean if mean > 0 else 1.0
+
+
+def dropped_at(demand, capacity: int) -> int:
+    """Choices dropped when experts chosen `demand` (E,) times have `capacity` slots each: the
+    sum of max(0, demand_e - C), whatever the drop policy (it decides which, not how many)."""
+    return int(sum(max(0, int(d) - capacity) for d in demand))

@@ -22,6 +22,10 @@
 - `mesh`: `mesh_figure`, `mesh_rows`, `axis_timeline_figure`, `orders_figure`: ranks on the
   (dp, tp, pp, cp, ep) grid with every group on hover, communication coloured by mesh axis, and
   what each order of the axes costs (chapter 15);
+- `experts`: `dispatch_matrices`, `traffic_figure`, `load_figure`, `drop_rate_figure`: tokens
+  each rank sends to each other rank per step read from the trace, animated; the load per
+  expert over training under each balancing method; tokens dropped against the capacity factor
+  (chapter 16);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
@@ -74,6 +78,10 @@ API = MappingProxyType({
     "mesh_rows": "mesh",
     "axis_timeline_figure": "mesh",
     "orders_figure": "mesh",
+    "dispatch_matrices": "experts",
+    "traffic_figure": "experts",
+    "load_figure": "experts",
+    "drop_rate_figure": "experts",
     "time_unit": "display",
     "Units": "display",
     "time_title": "display",

@@ -160,3 +160,12 @@ def test_logits_of_the_wrong_shape(logits):
 def test_capacity_formula_rounds_up():
     assert [capacity_of(8, 4, 1, f) for f in (1.0, 1.25, 2.0)] == [2, 3, 4]
     assert capacity_of(6, 3, 2, 1.0) == math.ceil(6 * 2 / 3)
+
+
+@pytest.mark.parametrize("k, factor", [(1, 1.0), (2, 1.0), (2, 0.5), (1, 0.1), (2, 3.0)])
+def test_dropped_at_counts_what_route_drops_under_either_policy(k, factor):
+    from pipelib.expert_parallel.balance import dropped_at
+
+    for policy in POLICIES:
+        r = route(LOGITS, k=k, capacity_factor=factor, drop_policy=policy)
+        assert dropped_at(r.demand, r.capacity) == r.dropped
