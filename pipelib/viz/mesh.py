@@ -10,8 +10,11 @@
   (`Topology(order=...)`), or `order=` here;
 - `axis_timeline_figure(trace)`: each rank's compute, and its communication coloured by the
   mesh axis that carried it (`Event.axis`): where tp, pp and dp each spend their time;
-- `orders_figure(rows)`: seconds of communication per axis under several axis orders, measured
-  beside predicted (`pipelib.planner.orders`).
+- `orders_figure(rows)`: seconds of communication per axis under several axis orders, two
+  quantities side by side (`pipelib.planner.orders`);
+- `rank_memory_figure(measured, predicted)`: bytes per rank measured on the simulated devices,
+  beside the planner's itemised prediction of each rank;
+- `plans_figure(candidates)`: the planner's best plans, each one's step time itemised.
 
 The pure layer: plotly, `pipelib.topology` and `pipelib.trace`. Introduced in chapter 15.
 """
@@ -154,20 +157,58 @@ def axis_timeline_figure(trace: Trace, title: str = "Every axis's communication"
     return fig
 
 
-def orders_figure(rows: list[dict], title: str = "What each order of the axes costs") -> go.Figure:
+def orders_figure(rows: list[dict], title: str = "What each order of the axes costs", *,
+                  names: tuple[str, str] = ("measured", "predicted")) -> go.Figure:
     """rows: {"order": str, "axis": str, "measured": seconds, "predicted": seconds} (one per
-    order and axis): grouped bars of communication seconds, measured solid, predicted hatched."""
+    order and axis): grouped bars of communication seconds, "measured" solid, "predicted"
+    hatched, named in the legend by `names`."""
     orders = list(dict.fromkeys(r["order"] for r in rows))
     axes = list(dict.fromkeys(r["axis"] for r in rows))
     span = max([r["measured"] for r in rows] + [r["predicted"] for r in rows] + [1e-12])
     unit, scale = time_unit(span)
     fig = go.Figure()
     for axis in axes:
-        for what, pattern in (("measured", ""), ("predicted", "/")):
+        for what, pattern, label in (("measured", "", names[0]), ("predicted", "/", names[1])):
             ys = [next((r[what] for r in rows if r["order"] == o and r["axis"] == axis), 0.0) * scale for o in orders]
-            fig.add_trace(go.Bar(x=orders, y=ys, name=f"{axis} {what}", offsetgroup=f"{axis}{what}",
+            fig.add_trace(go.Bar(x=orders, y=ys, name=f"{axis} {label}", offsetgroup=f"{axis}{what}",
                                  marker=dict(color=AXIS_COLORS.get(axis, "#888"), pattern_shape=pattern),
                                  opacity=1.0 if not pattern else 0.55))
     fig.update_layout(title=title, barmode="group", yaxis_title=f"communication per step ({unit})",
                       xaxis_title="order of the axes, outermost first", height=380, **_LOOK)
     return fig
+
+
+def rank_memory_figure(measured: list[int], predicted: list[dict], title: str = "Memory per rank") -> go.Figure:
+    """Per rank: the peak bytes measured (one bar) beside the prediction, stacked by item."""
+    ranks = [f"rank {r}" for r in range(len(measured))]
+    fig = go.Figure(go.Bar(x=ranks, y=[m / 2**20 for m in measured], name="measured peak", offsetgroup="measured",
+                           marker_color="#333333"))
+    items = list(dict.fromkeys(k for d in predicted for k in d))
+    for i, item in enumerate(items):
+        fig.add_trace(go.Bar(x=ranks, y=[d.get(item, 0) / 2**20 for d in predicted], name=f"predicted: {item}",
+                             offsetgroup="predicted", marker_color=GROUP_COLORS[i % len(GROUP_COLORS)],
+                             base=[sum(d.get(k, 0) for k in items[:i]) / 2**20 for d in predicted]))
+    fig.update_layout(title=title, barmode="group", yaxis_title="MiB", height=380, **_LOOK)
+    return fig
+
+
+def plans_figure(candidates, title: str = "The planner's best plans, step time itemised") -> go.Figure:
+    """One horizontal bar per candidate (a `planner.search.Candidate`), its seconds by item."""
+    names = [_plan_name(c) for c in candidates]
+    items = list(dict.fromkeys(k for c in candidates for k, v in c.time.items() if v))
+    span = max((c.step_time for c in candidates), default=1.0)
+    unit, scale = time_unit(span)
+    fig = go.Figure()
+    for i, item in enumerate(items):
+        fig.add_trace(go.Bar(y=names, x=[c.time.get(item, 0) * scale for c in candidates], orientation="h",
+                             name=item, marker_color=GROUP_COLORS[i % len(GROUP_COLORS)]))
+    fig.update_layout(title=title, barmode="stack", xaxis_title=f"step time ({unit})",
+                      yaxis=dict(autorange="reversed"), height=160 + 30 * len(names), **_LOOK)
+    return fig
+
+
+def _plan_name(c) -> str:
+    lay = c.layout
+    v = f" v{lay.virtual}" if lay.virtual > 1 else ""
+    return (f"dp{lay.dp} tp{lay.tp} pp{lay.pp}" + (f" cp{lay.cp}" if lay.cp > 1 else "")
+            + f" Z{lay.zero} {lay.recompute} b{lay.micro_batch} {lay.schedule}{v} · MFU {c.mfu:.1%}")

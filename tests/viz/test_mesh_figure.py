@@ -84,3 +84,25 @@ def test_orders_figure_draws_measured_beside_predicted():
     fig = orders_figure(rows)
     assert [d.name for d in fig.data] == ["dp measured", "dp predicted", "pp measured", "pp predicted"]
     assert list(fig.data[0].y) == pytest.approx([1.0, 3.0])
+
+
+def test_rank_memory_stacks_the_prediction_beside_the_measured_peak():
+    from pipelib.viz.mesh import rank_memory_figure
+
+    predicted = [{"parameters": 2**20, "activations": 3 * 2**20}, {"parameters": 2**20, "activations": 2**20}]
+    fig = rank_memory_figure([4 * 2**20, 2 * 2**20], predicted)
+    assert [d.name for d in fig.data] == ["measured peak", "predicted: parameters", "predicted: activations"]
+    assert list(fig.data[2].base) == [1.0, 1.0] and list(fig.data[2].y) == [3.0, 1.0]
+
+
+def test_plans_figure_itemises_each_candidates_step():
+    from pipelib.costmodel import LINKS, PROFILES
+    from pipelib.planner.search import search
+    from pipelib.planner.spec import GPT3_175B, Machine
+    from pipelib.viz.mesh import plans_figure
+
+    best = search(GPT3_175B, Machine(PROFILES["a100"], 8, LINKS["ib-ndr"]), 1024, 1536)[:3]
+    fig = plans_figure(best)
+    assert len(fig.data[0].y) == 3 and fig.data[0].name == "compute"
+    totals = [sum(d.x[i] for d in fig.data) for i in range(3)]
+    assert totals == pytest.approx([c.step_time for c in best])  # seconds: the span is over 1 s
