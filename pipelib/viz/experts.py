@@ -35,7 +35,7 @@ def dispatch_matrices(trace: Trace, label: str, row_bytes: int, own=None) -> lis
                        key=lambda e: e.start)
         for step, call in enumerate(events[:steps]):
             for e in sends:
-                if call.start <= e.start <= call.end and e.peer is not None:
+                if call.start <= e.start < call.end and e.peer is not None:  # the next call may start at its end
                     if e.bytes % row_bytes:
                         raise ValueError(f"dispatch_matrices: {e.bytes} bytes from rank {r} to {e.peer} are not "
                                          f"whole rows of {row_bytes} bytes; pass the bytes of one token's row")

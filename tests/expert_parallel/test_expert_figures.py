@@ -15,6 +15,9 @@ def _call(rank, start, sends, row=32):
                   start + 0.1 * (i + 1), bytes=rows * row, peer=p) for i, (p, rows) in enumerate(sends.items())]
     evs.append(Event(rank, Kind.SEND, "all_to_all all-to-all step 0 chunk 1", start + 1.5, start + 1.5,
                      bytes=8, peer=1 - rank))
+    # the combine that starts the moment the dispatch ends: its sends are not the dispatch's
+    evs.append(Event(rank, Kind.SEND, "all_to_all_uneven all-to-all step 0 chunk 1", start + 1.0, start + 1.0,
+                     bytes=64, peer=1 - rank))
     return evs
 
 
