@@ -20,6 +20,7 @@ The pure layer: plotly, `pipelib.topology` and `pipelib.trace`. Introduced in ch
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -70,11 +71,18 @@ def _rank_hover(row: dict, gpus_per_node: int | None) -> str:
 
 
 def _group_lines(topo: Topology, axis: str, xy) -> tuple[list, list]:
+    """Each group of `axis` as a chain of arcs through its ranks, each group's arcs bowed by its
+    own height, so that groups along the same row or column stay apart and show above the
+    ranks' squares."""
     xs, ys = [], []
-    for g in topo.groups(axis):
-        for r in g:
-            xs.append(xy[r][0])
-            ys.append(xy[r][1])
+    for i, g in enumerate(topo.groups(axis)):
+        h = 0.3 + 0.12 * (i % 4)
+        for a, b in zip(g, g[1:]):
+            (xa, ya), (xb, yb) = xy[a], xy[b]
+            length = math.hypot(xb - xa, yb - ya) or 1.0
+            mid = ((xa + xb) / 2 + h * (yb - ya) / length, (ya + yb) / 2 - h * (xb - xa) / length)
+            xs += [xa, mid[0], xb]
+            ys += [ya, mid[1], yb]
         xs.append(None)
         ys.append(None)
     return xs, ys
@@ -94,16 +102,17 @@ def mesh_figure(topology: Topology, gpus_per_node: int | None = None, *, order=N
     for a in axes:
         index = {g: i for i, g in enumerate(topo.groups(a))}
         colourings[a] = [GROUP_COLORS[index[row["groups"][a]] % len(GROUP_COLORS)] for row in rows]
-    fig = go.Figure(go.Scatter(
+    fig = go.Figure()
+    for a in axes:  # each axis's groups as lines, under the ranks; shown by the menu
+        xs, ys = _group_lines(topo, a, xy)
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=AXIS_COLORS[a], width=3, shape="spline"),
+                                 name=f"{a} groups", hoverinfo="skip", visible=False, opacity=0.6))
+    fig.add_trace(go.Scatter(
         x=[xy[r][0] for r in range(topo.world_size)], y=[xy[r][1] for r in range(topo.world_size)],
         mode="markers+text", text=[str(r) for r in range(topo.world_size)], textfont=dict(color="white", size=12),
         marker=dict(size=34, symbol="square", color=next(iter(colourings.values())),
                     line=dict(width=1, color="white")),
         hovertext=[_rank_hover(row, gpus_per_node) for row in rows], hoverinfo="text", name="ranks", showlegend=False))
-    for a in axes:
-        xs, ys = _group_lines(topo, a, xy)
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color=AXIS_COLORS[a], width=3),
-                                 name=f"{a} groups", hoverinfo="skip", visible=False, opacity=0.6))
     if gpus_per_node:
         for n in range(n_rows):
             fig.add_shape(type="rect", x0=-0.5, x1=cols - 0.5, y0=n - 0.45, y1=n + 0.45, line=dict(color="#888"),
@@ -111,12 +120,13 @@ def mesh_figure(topology: Topology, gpus_per_node: int | None = None, *, order=N
             fig.add_annotation(x=cols - 0.5, y=n, text=f" node {n}", showarrow=False, xanchor="left")
     buttons = []
     for name, colours in colourings.items():
-        visible = [True] + [name == a for a in axes]
+        visible = [name == a for a in axes] + [True]
         label = f"{name} groups" if name in axes else f"by {name}"
         buttons.append(dict(label=label, method="update",
-                            args=[{"visible": visible, "marker.color": [colours] + [None] * len(axes)}]))
+                            args=[{"visible": visible, "marker.color": [None] * len(axes) + [colours]}]))
     fig.update_layout(
-        title=title or f"{topo}", height=140 + 60 * n_rows, width=max(420, 70 * cols + 160),
+        title=dict(text=title or f"{topo}", font=dict(size=14)), height=140 + 60 * n_rows,
+        width=max(600, 70 * cols + 160),
         xaxis=dict(visible=False, range=[-0.7, cols + 0.6]),
         yaxis=dict(visible=False, autorange="reversed", scaleanchor="x"),
         updatemenus=[dict(type="buttons", direction="right", x=0, y=1.0, xanchor="left", yanchor="bottom",
