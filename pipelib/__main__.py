@@ -1,4 +1,4 @@
-"""Command line: `python -m pipelib check` and `python -m pipelib doctor`.
+"""Command line: `python -m pipelib check`, `python -m pipelib train` and `python -m pipelib doctor`.
 
 `check` is the bridge to many machines: under torchrun (one process per GPU, any number of
 nodes) it initialises torch.distributed from the environment torchrun sets, then runs the same
@@ -7,6 +7,11 @@ pipelib code the notebooks run on engines: a traced ping between neighbours and 
     torchrun --nproc-per-node 4 -m pipelib check                      # one machine
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
              --rdzv-endpoint HOST:29500 -m pipelib check               # two nodes, NCCL
+
+`train` runs a recipe under a plan under torchrun, with no cluster (`pipelib.launch`):
+
+    torchrun --standalone --nproc-per-node 4 -m pipelib train --plan plan.json --check
+    torchrun --standalone --nproc-per-node 2 -m pipelib train --dp 2 --steps 5 --out run.json
 
 `doctor` prints what this machine offers and starts a 2-engine cluster to prove it works.
 """
@@ -61,14 +66,39 @@ def doctor() -> int:
     return 0
 
 
+# flags of `train` that override a field of the plan or the recipe: (flag, type)
+TRAIN_FLAGS = (("dp", int), ("tp", int), ("pp", int), ("cp", int), ("data_parallel", str), ("schedule", str),
+               ("microbatches", int), ("recompute", str), ("steps", int), ("batch_size", int), ("lr", float),
+               ("seed", int), ("optimizer", str))
+
+
+def train(args) -> int:
+    from pipelib.launch import load_plan_and_recipe, train_from_env
+
+    overrides = {name: getattr(args, name) for name, _ in TRAIN_FLAGS}
+    if args.sequence_parallel:
+        overrides["sequence_parallel"] = True
+    recipe, plan = load_plan_and_recipe(args.plan, args.recipe, overrides)
+    return train_from_env(recipe, plan, device=args.device, check=args.check, out=args.out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="pipelib", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="under torchrun: ping and all_reduce across every rank")
     c.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    t = sub.add_parser("train", help="under torchrun: train a recipe under a plan, one process per device")
+    t.add_argument("--plan", help="a Plan as JSON (Plan.to_dict()); default: one rank")
+    t.add_argument("--recipe", help="a Recipe as JSON (Recipe.to_dict()); default: the tiny GPT")
+    for name, kind in TRAIN_FLAGS:
+        t.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None)
+    t.add_argument("--sequence-parallel", action="store_true")
+    t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    t.add_argument("--check", action="store_true", help="rank 0 also trains one process and compares")
+    t.add_argument("--out", help="rank 0 writes what every rank measured here, as JSON")
     sub.add_parser("doctor", help="what this machine offers; start a small cluster")
     args = ap.parse_args(argv)
-    return check(args.device) if args.cmd == "check" else doctor()
+    return {"check": lambda: check(args.device), "train": lambda: train(args), "doctor": doctor}[args.cmd]()
 
 
 if __name__ == "__main__":

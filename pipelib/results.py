@@ -135,8 +135,8 @@ def check_against_reference(results: Sequence[StepResult | None], ref_loss=None,
     worst = 0.0
     if ref_loss is not None:
         assert len(losses) == 1, f"expected one rank to return the loss, got {len(losses)}"
-        ref = torch.as_tensor(ref_loss)
-        got = torch.as_tensor(losses[0]).to(ref.dtype)
+        ref = _as_tensor(ref_loss)
+        got = _as_tensor(losses[0]).to(ref.dtype)
         worst = max(worst, _close({"loss": got}, {"loss": ref}, "loss", exact, rtol, atol))
     if ref_losses is not None:
         got = [r.losses for r in results if r is not None and r.losses]
@@ -157,3 +157,10 @@ def check_against_reference(results: Sequence[StepResult | None], ref_loss=None,
         n += len(ref_params)
     return Agreement(losses[0] if losses else None, grads, params, n, worst,
                      len(ref_losses) if ref_losses is not None else 0)
+
+
+def _as_tensor(x):
+    """A loss as a tensor: a Python float stays float64 (torch.as_tensor would round it to fp32)."""
+    import torch
+
+    return torch.tensor(x, dtype=torch.float64) if isinstance(x, float) else torch.as_tensor(x)

@@ -144,33 +144,18 @@ def run_tp(cluster, config, b: int, s: int, t: int, **kw):
     return cluster.measured(tp_train_step, config, b, s, t, **kw)
 
 
-def tp_train(recipe, t: int, *, sequence_parallel: bool = False, backend: str = "pipelib") -> StepResult | None:
-    """`recipe.steps` optimizer steps of the TP GPT on the recipe's batches (chapter 09 trains on
-    the book's character corpus: `Recipe(..., data="corpus")`), to compare with
-    `recipe.reference()`: Adam is elementwise, so each rank updates its shard alone. Group rank
-    0 returns every step's loss, the last step's gradients and every parameter, whole.
-    `recipe.model.vocab_size` must be a multiple of t (and at least the corpus's: pad it if
-    needed, extra rows are never a target). In fp32, compare parameters loosely: a gradient
-    that is zero in exact arithmetic (the key bias: softmax ignores a shift) is rounding noise
-    of 1e-9, which Adam divides by its own square root plus eps = 1e-8 and turns into steps of
-    lr size; fp64 keeps it below eps."""
-    from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients
+def tp_train(recipe, t: int, *, sequence_parallel: bool = False) -> StepResult | None:
+    """`recipe.steps` optimizer steps of the GPT split over ranks 0..t-1: the trainer's run of
+    `Plan(tp=t, sequence_parallel=...)` (`pipelib.trainer.train_plan`), to compare with
+    `recipe.reference()` (chapter 09 trains on the book's character corpus:
+    `Recipe(..., data="corpus")`). Adam is elementwise, so each rank updates its shard alone.
+    Every rank returns the last step's gradients and every parameter, whole; the loss rank
+    every step's loss. `recipe.model.vocab_size` must be a multiple of t (and at least the
+    corpus's: pad it if needed, extra rows are never a target). In fp32, compare parameters
+    loosely: a gradient that is zero in exact arithmetic (the key bias: softmax ignores a shift)
+    is rounding noise of 1e-9, which Adam divides by its own square root plus eps = 1e-8 and
+    turns into steps of lr size; fp64 keeps it below eps."""
+    from pipelib.parallelize import Plan
+    from pipelib.trainer import train_plan
 
-    model, group = build_tp_gpt(recipe.model, t, sequence_parallel=sequence_parallel, seed=recipe.seed,
-                                dtype=as_dtype(recipe.dtype), backend=backend)
-    if model is None:
-        return None
-    opt, losses, grads = recipe.make_optimizer(model.parameters()), [], {}
-    for step in range(recipe.steps):
-        x, y = recipe.global_batch(step)  # (B, T), (B, T): the whole batch on every rank of the group
-        _, loss = tp_forward(model, x, y)
-        opt.zero_grad(set_to_none=False)
-        loss.backward()
-        sync_sequence_grads(model)
-        if step == recipe.steps - 1:
-            grads = tp_full_gradients(model, group)  # a check: raw gathers, off the trace
-        opt.step()
-        losses.append(loss.item())
-    params = tp_full_gradients(model, group, what="data")
-    first = dist.get_rank(group) == 0
-    return StepResult(loss=losses[-1], losses=tuple(losses), grads=grads, params=params) if first else None
+    return train_plan(recipe, Plan(tp=t, sequence_parallel=sequence_parallel))

@@ -1,0 +1,159 @@
+"""Training under torchrun: the same recipe and plan as the book's cluster, one process per device.
+
+    torchrun --standalone --nproc-per-node 4 -m pipelib train --plan plan.json --recipe recipe.json
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d \\
+             --rdzv-endpoint HOST:29500 -m pipelib train --plan plan.json --check
+
+`plan.json` is what `Plan.to_dict()` writes (the planner's `to_plan` prints one), `recipe.json`
+what `Recipe.to_dict()` writes; flags (`--dp 2 --tp 2 --schedule 1f1b ...`) override either.
+Each process reads the rank and world size torchrun puts in its environment, starts
+torch.distributed (NCCL on GPUs, gloo on CPUs), takes this rank's GPU (LOCAL_RANK) or the CPU
+as its `Device`, builds the plan's `Mesh` and runs `pipelib.trainer.train_plan`: the code the
+notebooks run on engines, with no cluster. Rank 0 gathers every rank's step times, bytes and
+peak memory, writes them as JSON (`--out`), and with `--check` trains the recipe in one process
+(`Recipe.reference()`) and checks the losses, the last gradients and the final parameters
+against it (`check_against_reference`), exiting 1 if they differ.
+
+Everything that can be checked before any process group is: the plan's world size against
+torchrun's, the plan against the recipe, GPU ranks against the GPUs this node has, NCCL on a
+machine without GPUs. Introduced in chapter 19.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def torchrun_env(environ=None) -> dict:
+    """{RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE} as ints, from torchrun's environment; a
+    RuntimeError saying how to launch when they are missing."""
+    environ = os.environ if environ is None else environ
+    missing = [k for k in ENV if k not in environ]
+    if missing:
+        raise RuntimeError(f"pipelib train: {', '.join(missing)} not set: run me under torchrun, e.g. "
+                           f"torchrun --standalone --nproc-per-node 2 -m pipelib train --plan plan.json")
+    return {k: int(environ[k]) for k in ENV}
+
+
+def choose_device(device: str, env: dict, cuda_count: int) -> str:
+    """"cuda" or "cpu" for this rank: `device` ("auto", "cpu" or "cuda") checked against the GPUs
+    this node has (`cuda_count`) and the ranks torchrun starts on it."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"pipelib train: device={device!r}; use 'auto', 'cpu' or 'cuda'")
+    if device == "auto":
+        device = "cuda" if cuda_count else "cpu"
+    if device == "cuda" and not cuda_count:
+        raise ValueError("pipelib train: --device cuda (NCCL) on a machine without CUDA GPUs; use --device cpu "
+                         "(gloo) or run on a GPU node")
+    if device == "cuda" and env["LOCAL_WORLD_SIZE"] > cuda_count:
+        raise ValueError(f"pipelib train: {env['LOCAL_WORLD_SIZE']} ranks on this node but {cuda_count} GPU(s): NCCL "
+                         f"needs one GPU per rank; use --nproc-per-node {cuda_count} or --device cpu")
+    return device
+
+
+def check_world(plan, recipe, env: dict) -> None:
+    """The plan against torchrun's world and the recipe: before any process group."""
+    size = plan.topology().world_size
+    if size != env["WORLD_SIZE"]:
+        raise ValueError(f"pipelib train: the plan {plan} needs {size} ranks but torchrun started "
+                         f"{env['WORLD_SIZE']}; use --nproc-per-node x --nnodes = {size} or change the plan's degrees")
+    plan.check(recipe, env["WORLD_SIZE"])
+
+
+def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, out: str | None = None,
+                   environ=None) -> int:
+    """One rank of a torchrun job: train `recipe` under `plan`; rank 0 reports. The exit code."""
+    import torch
+    import torch.distributed as dist
+
+    from pipelib.runtime.device import Device, DeviceSpec, set_current
+    from pipelib.trainer import train_plan
+
+    env = torchrun_env(environ)
+    device = choose_device(device, env, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    check_world(plan, recipe, env)
+    if device == "cuda":
+        torch.cuda.set_device(env["LOCAL_RANK"])
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    try:
+        set_current(Device(env["RANK"], env["WORLD_SIZE"], DeviceSpec(device)))
+        t0 = time.perf_counter()
+        result = train_plan(recipe, plan)
+        seconds = time.perf_counter() - t0
+        mine = {"rank": env["RANK"], "losses": list(result.losses), "times": list(result.times),
+                "bytes_sent": list(result.bytes_sent), "peak_bytes": result.peak_bytes, "seconds": seconds}
+        everyone = [None] * env["WORLD_SIZE"]
+        dist.all_gather_object(everyone, mine)
+        results = [None] * env["WORLD_SIZE"] if check else None
+        if check:  # every rank's gradients and parameters (a pipeline rank holds its stages' only)
+            dist.gather_object(result, results if env["RANK"] == 0 else None, dst=0)
+        code = 0
+        if env["RANK"] == 0:
+            code = _report(recipe, plan, results, everyone, out)
+        codes = [None] * env["WORLD_SIZE"]
+        dist.all_gather_object(codes, code)
+        return max(codes)
+    finally:
+        dist.destroy_process_group()
+        set_current(None)
+
+
+def _report(recipe, plan, results, everyone, out: str | None) -> int:
+    """Rank 0: print and write what every rank measured; with every rank's `results`, the check
+    against one process."""
+    from pipelib.results import check_against_reference
+
+    losses = next(r["losses"] for r in everyone if r["losses"])
+    steps = len(losses)
+    report = {"plan": plan.to_dict(), "recipe": recipe.to_dict(), "world_size": len(everyone), "losses": losses,
+              "step_seconds": [max(r["times"][s] for r in everyone) for s in range(steps)],
+              "bytes_sent": {r["rank"]: r["bytes_sent"] for r in everyone},
+              "peak_bytes": {r["rank"]: r["peak_bytes"] for r in everyone},
+              "seconds": max(r["seconds"] for r in everyone)}
+    print(f"{plan} on {len(everyone)} ranks: losses {', '.join(f'{x:.4f}' for x in losses)}", flush=True)
+    code = 0
+    if results is not None:
+        try:
+            agreed = check_against_reference(results, recipe.reference(), shared=True)
+            report["check"] = str(agreed)
+            print(f"equal to one process: {agreed}", flush=True)
+        except AssertionError as e:
+            report["check"] = f"DIFFERS: {str(e).splitlines()[0]}"
+            print(f"differs from one process: {e}", flush=True)
+            code = 1
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)
+    return code
+
+
+def load_plan_and_recipe(plan_path: str | None, recipe_path: str | None, overrides: dict):
+    """(Recipe, Plan) from JSON files (defaults when None), with `overrides` (flag name: value,
+    None for unset) applied to whichever of the two has the field."""
+    import dataclasses
+
+    from pipelib.parallelize import Plan
+    from pipelib.recipe import Recipe
+
+    def read(path):
+        if path is None:
+            return {}
+        with open(path) as f:
+            return json.load(f)
+
+    plan, recipe = Plan.from_dict(read(plan_path)), Recipe.from_dict(read(recipe_path))
+    plan_fields = {f.name for f in dataclasses.fields(Plan)}
+    recipe_fields = {f.name for f in dataclasses.fields(Recipe)}
+    for k, v in overrides.items():
+        if v is None:
+            continue
+        if k in plan_fields:
+            plan = dataclasses.replace(plan, **{k: v})
+        elif k in recipe_fields:
+            recipe = dataclasses.replace(recipe, **{k: v})
+        else:
+            raise ValueError(f"pipelib train: --{k.replace('_', '-')} is neither a Plan nor a Recipe field")
+    return recipe, plan
