@@ -20,10 +20,17 @@ Introduced in chapter 04; the alpha-beta model is fitted to measurements in chap
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from pipelib.checks import check_ints
+
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,14 @@ class Link:
     alpha: float  # latency, seconds
     beta: float   # bandwidth, bytes per second (one direction)
 
+    def __post_init__(self):
+        if not (_finite(self.alpha) and self.alpha >= 0 and _finite(self.beta) and self.beta > 0):
+            raise ValueError(f"Link {self.name!r}: alpha={self.alpha!r}, beta={self.beta!r}; pass a latency "
+                             f"alpha >= 0 seconds and a bandwidth beta > 0 bytes per second, both finite")
+
     def time(self, nbytes: int) -> float:
+        if not (nbytes >= 0 and nbytes != float("inf")):  # NaN fails too
+            raise ValueError(f"Link {self.name!r}: nbytes={nbytes!r}; pass a finite message size >= 0 bytes")
         return self.alpha + nbytes / self.beta
 
 
@@ -49,6 +63,13 @@ class DeviceProfile:
     link: Link            # link to the neighbouring device
     source: str = ""
 
+    def __post_init__(self):
+        bad = {k: getattr(self, k) for k in ("flops", "mem_bandwidth", "memory")
+               if not (_finite(getattr(self, k)) and getattr(self, k) > 0)}
+        if bad:
+            raise ValueError(f"DeviceProfile {self.name!r}: {bad}; pass finite numbers > 0 (FLOP/s, bytes per "
+                             f"second, bytes of memory)")
+
     @property
     def ridge_point(self) -> float:
         """Arithmetic intensity (FLOP/byte) where compute and memory time are equal."""
@@ -62,8 +83,8 @@ class DeviceProfile:
 
     def compute_time(self, flops: float = 0.0, nbytes: float = 0.0) -> float:
         """Roofline time of an op doing `flops` FLOPs over `nbytes` bytes of memory traffic."""
-        if flops < 0 or nbytes < 0:
-            raise ValueError(f"flops and nbytes must be >= 0, got flops={flops}, nbytes={nbytes}")
+        if not (flops >= 0 and nbytes >= 0) or flops == float("inf") or nbytes == float("inf"):  # NaN fails too
+            raise ValueError(f"flops and nbytes must be finite and >= 0, got flops={flops}, nbytes={nbytes}")
         return max(flops / self.flops, nbytes / self.mem_bandwidth)
 
     def message_time(self, nbytes: int) -> float:
@@ -126,4 +147,5 @@ def get_profile(profile: str | DeviceProfile) -> DeviceProfile:
 
 def matmul_flops(m: int, k: int, n: int) -> int:
     """FLOPs of an (m, k) @ (k, n) product: one multiply and one add per term."""
+    check_ints("matmul_flops", 0, m=m, k=k, n=n)
     return 2 * m * k * n

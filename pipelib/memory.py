@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from pipelib.checks import check_int, check_ints
+
 INDEX_BYTES = 8  # token ids and targets are int64
 STATS_BYTES = 4  # LayerNorm keeps mean and 1/std in fp32
 ZERO_K = 12  # fp32 master weights + Adam m + Adam v, bytes per parameter (ZeRO's K)
@@ -122,6 +124,14 @@ def mixed_precision_adam_bytes(n_params: int) -> ModelStateBytes:
     return ModelStateBytes(2 * n_params, 2 * n_params, ZERO_K * n_params)
 
 
+def check_activation_args(context: str, batch, seq=1, itemsize=4, mask_bytes=None) -> None:
+    """batch, seq and itemsize integers >= 1 (mask_bytes too, unless None): a ValueError naming
+    the first that is not, before a formula turns it into a negative or fractional byte count."""
+    check_ints(context, batch=batch, seq=seq, itemsize=itemsize)
+    if mask_bytes is not None:
+        check_int(mask_bytes, "mask_bytes", context=context, hint="bytes per dropout-mask element, or None")
+
+
 # ----------------------------------------------------------------------------- activations
 def gpt_layer_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
                                mask_bytes: int | None = None) -> int:
@@ -144,6 +154,7 @@ def gpt_layer_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
     In 16-bit with 1-byte masks this is Korthikanti et al.'s 34 sbh + 5 a s^2 b plus the
     LayerNorm statistics: see `megatron_layer_activation_bytes`.
     """
+    check_activation_args("gpt_layer_activation_bytes", batch, seq, itemsize, mask_bytes)
     B, T, C, a = batch, seq, cfg.n_embd, cfg.n_head
     p = getattr(cfg, "dropout", 0.0)
     m = itemsize if mask_bytes is None else mask_bytes
@@ -164,6 +175,7 @@ def gpt_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
     Head: ln_f input and output, LayerNorm statistics. Loss: log-softmax output (B T V),
     targets (int64) and one scalar weight. Parameters and buffers are not activations.
     """
+    check_activation_args("gpt_activation_bytes", batch, seq, itemsize, mask_bytes)
     B, T, C, V = batch, seq, cfg.n_embd, cfg.vocab_size
     m = itemsize if mask_bytes is None else mask_bytes
     embed = INDEX_BYTES * (B * T + T)
@@ -180,6 +192,7 @@ def megatron_layer_activation_bytes(cfg, batch: int, seq: int) -> int:
 
     Written as 34 sbh + 5 a s^2 b to stay an exact integer.
     """
+    check_activation_args("megatron_layer_activation_bytes", batch, seq)
     s, b, h, a = seq, batch, cfg.n_embd, cfg.n_head
     return 34 * s * b * h + 5 * a * s * s * b
 
@@ -190,6 +203,7 @@ def mlp_activation_bytes(cfg, batch: int, itemsize: int = 4, include_loss: bool 
     Each Linear saves its input (for the weight gradient) and each ReLU its output (the sign
     of the output is the derivative), and the two are the same tensor, counted once.
     """
+    check_activation_args("mlp_activation_bytes", batch, 1, itemsize)
     B = batch
     nbytes = itemsize * B * (cfg.in_features + (cfg.num_layers - 1) * cfg.hidden)
     if include_loss:
@@ -205,6 +219,7 @@ def gpt_forward_flops(cfg, batch: int, seq: int) -> int:
     MLP c_proj 8 BTC^2 each: 24 BTC^2 + 4 BT^2 C. The tied head adds 2 BTCV. The causal mask
     does not halve the count: the full T x T product is computed, then masked.
     """
+    check_activation_args("gpt_forward_flops", batch, seq)
     B, T, C, V = batch, seq, cfg.n_embd, cfg.vocab_size
     per_layer = 24 * B * T * C * C + 4 * B * T * T * C
     return cfg.n_layer * per_layer + 2 * B * T * C * V
@@ -226,6 +241,7 @@ def flops_6n(cfg, tokens: int) -> int:
 
 def mlp_forward_flops(cfg, batch: int) -> int:
     """2 B d_in d_out per Linear layer (the bias add is not a matmul)."""
+    check_activation_args("mlp_forward_flops", batch)
     d = [cfg.in_features] + [cfg.hidden] * (cfg.num_layers - 1) + [cfg.out_features]
     return sum(2 * batch * d[i] * d[i + 1] for i in range(cfg.num_layers))
 

@@ -43,8 +43,23 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipelib.checks import check_int, check_ints, check_number
 from pipelib.context_parallel.layouts import layout_info
 from pipelib.trace import Kind
+
+
+def check_sizes(context: str, batch, heads, shard_len, head_dim, itemsize, n=1, kv_heads=None) -> int:
+    """Every size an integer >= 1 (a ValueError naming the first that is not); `kv_heads` (None:
+    `heads`) must divide `heads`. Returns the K/V heads."""
+    check_ints(context, batch=batch, heads=heads, shard_len=shard_len, head_dim=head_dim,
+               itemsize=itemsize, n=n)
+    if kv_heads is None:
+        return heads
+    check_int(kv_heads, "kv_heads", context=context, hint="K/V heads of grouped-query attention, or None")
+    if heads % kv_heads:
+        raise ValueError(f"{context}: heads={heads} is not a multiple of kv_heads={kv_heads}; grouped-query "
+                         f"attention shares each K/V head among heads / kv_heads query heads")
+    return kv_heads
 
 
 def grad_width(itemsize: int) -> int:
@@ -58,19 +73,26 @@ def ring_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: 
     """Ring attention: n - 1 K/V blocks forward; n - 1 K/V blocks and n dK/dV blocks backward,
     the dK/dV at `grad_width` (fp32 for 16-bit inputs). Only the `kv_heads` (default: heads)
     travel: with grouped-query attention the bytes are H_kv / H of multi-head attention's."""
-    block = 2 * batch * (kv_heads or heads) * shard_len * head_dim * itemsize
+    kvh = check_sizes("ring_bytes", batch, heads, shard_len, head_dim, itemsize, n, kv_heads)
+    block = 2 * batch * kvh * shard_len * head_dim * itemsize
     grads = n * block * grad_width(itemsize) // itemsize
     return {"forward": (n - 1) * block, "backward": (n - 1) * block + grads if n > 1 else 0}
 
 
 def allgather_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
     """All-gather (Llama 3): a ring all-gather of K/V forward, a reduce-scatter of dK/dV backward."""
+    check_sizes("allgather_bytes", batch, heads, shard_len, head_dim, itemsize, n)
     block = 2 * batch * heads * shard_len * head_dim * itemsize
     return {"forward": (n - 1) * block, "backward": (n - 1) * block}
 
 
 def ulysses_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
-    """Ulysses: (n-1)/n of Q, K, V and O forward, of dO, dQ, dK, dV backward (all-to-alls)."""
+    """Ulysses: (n-1)/n of Q, K, V and O forward, of dO, dQ, dK, dV backward (all-to-alls). The
+    heads must split over the n ranks, as `ulysses_attention` requires."""
+    check_sizes("ulysses_bytes", batch, heads, shard_len, head_dim, itemsize, n)
+    if heads % n:
+        raise ValueError(f"ulysses_bytes: {heads} heads do not split over n={n} ranks ({heads} % {n} = "
+                         f"{heads % n}); use a number of ranks that divides the heads")
     N = batch * heads * shard_len * head_dim * itemsize
     return {"forward": (n - 1) * 4 * N // n, "backward": (n - 1) * 4 * N // n}
 
@@ -79,6 +101,7 @@ def _compute(profile, batch: int, heads: int, shard_len: int, head_dim: int, n: 
     """(forward, backward) compute seconds of one rank: its visible (query, key) pairs, S(S+1)/(2n)
     under causal masking (exact for zigzag shards, the mean otherwise) or c S, at 4 and 10 B H D
     FLOPs each (`blockwise.attention_flops`)."""
+    check_ints("context parallel time", batch=batch, heads=heads, shard_len=shard_len, head_dim=head_dim, n=n)
     S = n * shard_len
     pairs = S * (S + 1) / (2 * n) if causal else shard_len * S
     flops = pairs * batch * heads * head_dim
@@ -91,10 +114,11 @@ def ring_time(profile, batch: int, heads: int, shard_len: int, head_dim: int, it
     lasts the longer of its compute (1/n of the rank's, over all `heads`) and one K/V block's
     message (`kv_heads` of them; K/V and dK/dV fly side by side backward, both counted at input
     width); the last hop of dK/dV home hides behind the deferred dQ (a fifth of one step's backward)."""
+    kvh = check_sizes("ring_time", batch, heads, shard_len, head_dim, itemsize, n, kv_heads)
     f, b = _compute(profile, batch, heads, shard_len, head_dim, n, causal)
     if n == 1:
         return f + b
-    m = profile.message_time(2 * batch * (kv_heads or heads) * shard_len * head_dim * itemsize)
+    m = profile.message_time(2 * batch * kvh * shard_len * head_dim * itemsize)
     return (n - 1) * (max(f / n, m) + max(b / n, m)) + f / n + b / n + max(0.0, m - b / (5 * n))
 
 
@@ -121,8 +145,12 @@ def crossover_shard_len(flops: float, alpha: float, beta: float, batch: int, hea
     FLOPs each, at `flops` FLOP/s) equals one K/V block's message time alpha + 2 B H_kv c D i / beta.
     Without alpha, c* = i F / (2 pairs_share beta) * H_kv / H: grouped-query attention moves
     H_kv heads while computing over H, so its crossover is H_kv / H of multi-head attention's."""
+    kvh = check_sizes("crossover_shard_len", batch, heads, 1, head_dim, itemsize, 1, kv_heads)
+    for name, v, pos in (("flops", flops, True), ("beta", beta, True), ("alpha", alpha, False),
+                         ("pairs_share", pairs_share, True)):
+        check_number(v, name, positive=pos, context="crossover_shard_len")
     a = pairs_share * 4 * batch * heads * head_dim / flops     # a c^2 = alpha + b c
-    b = 2 * batch * (kv_heads or heads) * head_dim * itemsize / beta
+    b = 2 * batch * kvh * head_dim * itemsize / beta
     return (b + math.sqrt(b * b + 4 * a * alpha)) / (2 * a)
 
 
@@ -149,7 +177,10 @@ def ring_memory(batch: int, heads: int, shard_len: int, head_dim: int, itemsize:
     K, V at H_kv; receive buffers only with `ranks` > 1; accumulators at `grad_width`; the score
     block of the longest piece (c/2 under zigzag, else c; at most `tile`). Not counted: dO
     (autograd's) and the temporaries inside one block's compute."""
-    kvh, n1, ring = kv_heads or heads, batch * shard_len * head_dim, ranks > 1
+    kvh = check_sizes("ring_memory", batch, heads, shard_len, head_dim, itemsize, ranks, kv_heads)
+    if tile is not None:
+        check_int(tile, "tile", context="ring_memory", hint="rows per attention tile, or None for whole pieces")
+    n1, ring = batch * shard_len * head_dim, ranks > 1
     a = grad_width(itemsize)
     p = layout_info(layout).longest_piece(shard_len)
     p = p if tile is None else min(p, tile)
@@ -175,15 +206,24 @@ def max_shard_len(capacity: int, batch: int, heads: int, head_dim: int, itemsize
                   count: Callable[[RingMemory], int] | None = None, **kw) -> int:
     """The longest shard (a multiple of `step`) whose `ring_memory` fits in `capacity`: all of it
     (`RingMemory.total`, the default), or what `count` takes from it, to see what a shorter list
-    of buffers would promise (`kw`: kv_heads, ranks)."""
+    of buffers would promise (`kw`: kv_heads, ranks). A ValueError if not even one `step` fits."""
+    check_int(step, "step", context="max_shard_len", hint="the shard length's granularity, e.g. 2 for zigzag")
+    check_int(capacity, "capacity", context="max_shard_len", hint="bytes one rank may hold")
+
     def need(c: int) -> int:
         m = ring_memory(batch, heads, c, head_dim, itemsize, layout, tile, **kw)
         return m.total if count is None else count(m)
 
-    c = step
-    while need(c + step) <= capacity:
-        c += step
-    return c
+    if need(step) > capacity:
+        raise ValueError(f"max_shard_len: not even a shard of step={step} rows fits in capacity={capacity} "
+                         f"bytes (it needs {need(step)}); give more capacity or a smaller batch, heads or head_dim")
+    lo, hi = step, 2 * step  # doubling, then bisection: O(log) calls of `need`, which grows with c
+    while need(hi) <= capacity:
+        lo, hi = hi, 2 * hi
+    while hi - lo > step:
+        mid = lo + (hi - lo) // (2 * step) * step
+        lo, hi = (mid, hi) if need(mid) <= capacity else (lo, mid)
+    return lo
 
 
 def forward_wait(trace) -> float:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelib.checks import check_int
+from pipelib.checks import check_int, check_rank
 from pipelib.context_parallel.layouts import REGISTRY, layout_info
 
 LAYOUTS = tuple(REGISTRY)   # the names, in the book's order (`layouts`: one entry each)
@@ -46,6 +46,7 @@ def check_layout(seq_len: int, n: int, layout: str, context: str = "context para
 def shard_pieces(seq_len: int, n: int, rank: int, layout: str = "zigzag") -> list[tuple[int, int, torch.Tensor]]:
     """Rank `rank`'s shard: [(start, stop, positions)], pieces in the order they sit locally."""
     check_layout(seq_len, n, layout)
+    check_rank(rank, n, "context parallel")
     pieces, start = [], 0
     for r in layout_info(layout).ranges(seq_len, n, rank):
         pieces.append((start, start + len(r), torch.arange(r.start, r.stop, r.step)))
@@ -92,10 +93,13 @@ def work_per_rank(seq_len: int, n: int, layout: str, causal: bool = True) -> lis
     """(query, key) pairs each rank computes in ring attention: its queries against every key
     (fully masked pieces skipped). Contiguous causal: rank r has r c^2 + c(c+1)/2; zigzag (chunks of h = c/2):
     (2n-1) h^2 + h(h+1), the same for every rank."""
+    check_layout(seq_len, n, layout, "work_per_rank")
     return [visible_pairs(shard_positions(seq_len, n, r, layout), torch.arange(seq_len), causal)
             for r in range(n)]
 
 
 def imbalance(work) -> float:
     """max / mean of the work per rank: 1 is perfect balance; the step waits for the max."""
+    if not len(work) or sum(work) <= 0:
+        raise ValueError(f"imbalance: work={list(work)!r}; pass each rank's work, at least one rank with work > 0")
     return max(work) * len(work) / sum(work)

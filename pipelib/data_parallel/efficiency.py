@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pipelib.checks import check_int
 from pipelib.comm.alphabeta import predicted_time
 from pipelib.costmodel import LINKS, DeviceProfile, get_profile
 from pipelib.data_parallel.buckets import plan_buckets
@@ -66,6 +67,7 @@ def scaled_profile(profile, factor: float = 1.0, link: str | None = None, mfu: f
 
 def all_reduce_time(numels, n: int, profile, itemsize: int = 4) -> float:
     """Seconds of one ring all-reduce per entry of `numels` (elements), one after the other."""
+    check_int(n, "n", context="all_reduce_time", hint="ranks of the ring")
     link = get_profile(profile).link
     return sum(predicted_time("all_reduce", k * itemsize, n, link.alpha, link.beta) for k in numels)
 
@@ -112,12 +114,15 @@ def ddp_step_model(cfg, batch: int, n: int, profile, *, bucket_bytes: int | None
     bucket of `bucket_bytes` (None: per tensor, step 1), Adam's memory traffic. With `overlap`,
     the all-reduces run during backward (step 3; see the module's docstring): `exposed` is the
     part that outlasts it."""
+    check_int(batch, "batch", context="ddp_step_model", hint="sequences per rank")
+    check_int(n, "n", context="ddp_step_model", hint="ranks of the data-parallel group")
     p = get_profile(profile)
     shapes = gpt_param_shapes(cfg)
     numels = [_prod(s) for s in shapes.values()]
     psi = sum(numels)
     fwd = gpt_train_flops(cfg, batch, cfg.block_size) / 3
-    plan = plan_buckets(list(zip(shapes, numels)), bucket_bytes or 1, 4, first_bucket_bytes)
+    plan = plan_buckets(list(zip(shapes, numels)), 1 if bucket_bytes is None else bucket_bytes, 4,
+                        first_bucket_bytes)
     times = [all_reduce_time([b.numel], n, p) if n > 1 else 0.0 for b in plan]
     bwd = p.compute_time(2 * fwd)
     exposed = _exposed([b.numel for b in plan], times, psi, bwd) if overlap else None

@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipelib.checks import check_int
+from pipelib.checks import check_int, check_number
 from pipelib.memory import ModelStateBytes
 
 STAGES = (0, 1, 2, 3)
@@ -80,12 +80,22 @@ def element_bytes(mixed_precision: bool, fp32_grads: bool = False) -> tuple[int,
 def adam_bytes_moved(numel: int, mixed_precision: bool = False) -> int:
     """Memory traffic of one Adam step over `numel` elements: 28 bytes each (reads p, g, m, v,
     writes p, m, v in fp32), plus 2 in mixed precision (the 16-bit copy of the master weight)."""
-    return (30 if mixed_precision else 28) * int(numel)
+    check_int(numel, "numel", minimum=0, context="adam_bytes_moved", hint="elements the optimizer updates")
+    return (30 if mixed_precision else 28) * numel
 
 
 def padded_numel(unit_sizes, world_size: int) -> int:
     """Elements once every unit (layer) is padded to a multiple of `world_size`."""
-    return sum(-(-int(u) // world_size) * world_size for u in unit_sizes)
+    check_int(world_size, "world_size", context="padded_numel", hint="ranks the units are sharded over")
+    for u in unit_sizes:
+        check_int(u, "a unit size", minimum=0, context="padded_numel", hint="elements of one unit (layer)")
+    return sum(-(-u // world_size) * world_size for u in unit_sizes)
+
+
+def check_model_size(context: str, psi, world_size) -> None:
+    """`psi` an integer >= 0 (elements), `world_size` an integer >= 1 (ranks)."""
+    check_int(psi, "psi", minimum=0, context=context, hint="the model's parameter elements")
+    check_int(world_size, "world_size", context=context, hint="ranks of the data-parallel group")
 
 
 def zero_state_bytes(psi: int, world_size: int, stage: int, mixed_precision: bool = True,
@@ -96,8 +106,8 @@ def zero_state_bytes(psi: int, world_size: int, stage: int, mixed_precision: boo
     `num_tensors` adds Adam's fp32 step counters (4 bytes per tensor the optimizer updates);
     `fp32_grads` keeps the gradients in fp32 under mixed precision (18 bytes at stage 0)."""
     check_stage(stage, "zero_state_bytes")
-    if world_size < 1:
-        raise ValueError(f"zero_state_bytes: world_size={world_size}; use at least 1")
+    check_model_size("zero_state_bytes", psi, world_size)
+    check_int(num_tensors, "num_tensors", minimum=0, context="zero_state_bytes", hint="tensors Adam updates")
     p, g, k = element_bytes(mixed_precision, fp32_grads)
     shard = psi / world_size if psi % world_size else psi // world_size
     params = p * (shard if stage == 3 else psi)
@@ -112,6 +122,7 @@ def zero_comm_bytes(psi: int, world_size: int, stage: int, mixed_precision: bool
     table): 2 (N-1)/N psi b for stages 0-2 and 3 for stage 3 with one micro-batch; with
     `accumulate` = k micro-batches, stages 2 and 3 reduce (and stage 3 gathers) k times."""
     check_stage(stage, "zero_comm_bytes")
+    check_model_size("zero_comm_bytes", psi, world_size)
     check_int(accumulate, "accumulate", context="zero_comm_bytes", hint="micro-batches per optimizer step")
     p, g, _ = element_bytes(mixed_precision, fp32_grads)
     k = accumulate
@@ -125,6 +136,8 @@ def hsdp_comm_bytes(psi: int, shard: int, replicas: int, stage: int = 3, mixed_p
     """Bytes one rank sends per step under HSDP: `zero_comm_bytes` within its shard group of
     `shard` ranks (`psi` padded for it), plus the ring all-reduce of its gradient shard
     (psi / shard elements) over the `replicas` groups: 2 (R-1)/R psi / shard g."""
+    check_model_size("hsdp_comm_bytes", psi, shard)
+    check_int(replicas, "replicas", context="hsdp_comm_bytes", hint="shard groups that all-reduce")
     _, g, _ = element_bytes(mixed_precision)
     inner = zero_comm_bytes(psi, shard, stage, mixed_precision)
     reduced = psi if stage == 0 else psi // shard  # stage 0 all-reduces everything, then across replicas
@@ -135,6 +148,8 @@ def hsdp_comm_bytes(psi: int, shard: int, replicas: int, stage: int = 3, mixed_p
 
 def milestone_table(psi: int, world_size: int, mixed_precision: bool = True, unit: float = 1e9) -> dict:
     """{stage: total bytes per rank / unit} for stages 0-3: seed 003's "1.6 / 0.9 / 0.8 GB"."""
+    check_model_size("milestone_table", psi, world_size)
+    check_number(unit, "unit", positive=True, context="milestone_table", hint="bytes per printed unit")
     return {s: zero_state_bytes(psi, world_size, s, mixed_precision).total / unit for s in STAGES}
 
 

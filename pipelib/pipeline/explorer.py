@@ -19,11 +19,13 @@ same work per rank and the timelines compare.
 from __future__ import annotations
 
 import html
+import math
 import time
 from dataclasses import dataclass, replace
 
 import ipywidgets as widgets
 
+from pipelib.checks import check_number
 from pipelib.pipeline.schedules import REGISTRY, Schedule, make_schedule, schedule_info
 from pipelib.pipeline.simulate import Costs, SimResult, bubble_closed_form, simulate
 from pipelib.trace import Kind, Trace
@@ -54,9 +56,12 @@ class Setting:
 
     def costs(self, v: int, f: float = F_SECONDS, *, p2p=None, message_bytes: int = 0) -> Costs:
         """Seconds per op of one chunk (a stage's cost / v); activation_bytes=1 counts them."""
-        if not (self.b_ratio >= 0 and 0 <= self.w_share <= 1 and self.p2p_ratio >= 0):
-            raise ValueError(f"need b_ratio >= 0, 0 <= w_share <= 1, p2p_ratio >= 0; got "
-                             f"{self.b_ratio}, {self.w_share}, {self.p2p_ratio}")
+        ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                 for x in (self.b_ratio, self.w_share, self.p2p_ratio))
+        if not (ok and self.b_ratio >= 0 and 0 <= self.w_share <= 1 and self.p2p_ratio >= 0):
+            raise ValueError(f"need finite b_ratio >= 0, 0 <= w_share <= 1, p2p_ratio >= 0; got "
+                             f"b_ratio={self.b_ratio!r}, w_share={self.w_share!r}, p2p_ratio={self.p2p_ratio!r}")
+        check_number(f, "f", positive=True, context="Setting.costs", hint="seconds of one forward")
         b = self.b_ratio * f
         c = Costs(F=f, B=b, I=(1 - self.w_share) * b, W=self.w_share * b,
                   p2p=self.p2p_ratio * f if p2p is None else p2p, message_bytes=message_bytes)
@@ -283,5 +288,8 @@ class Explorer(widgets.VBox):
 
 def explorer(cluster=None, schedule: str = "1f1b", p: int = 4, m: int = 8, num_chunks: int = 2,
              b_ratio: float = 2.0, w_share: float = 0.5, p2p_ratio: float = 0.0, **kw) -> Explorer:
-    """The schedule explorer widget (chapters 12 and 13); `cluster` enables "Run on cluster"."""
-    return Explorer(cluster, Setting(schedule, p, m, num_chunks, b_ratio, w_share, p2p_ratio), **kw)
+    """The schedule explorer widget (chapters 12 and 13); `cluster` enables "Run on cluster".
+    The setting is checked first: a slider would clamp a bad value without a word."""
+    setting = Setting(schedule, p, m, num_chunks, b_ratio, w_share, p2p_ratio)
+    setting.costs(setting.build().num_chunks)  # a ValueError naming the value, before any widget
+    return Explorer(cluster, setting, **kw)

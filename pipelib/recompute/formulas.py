@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pipelib.memory import (
     INDEX_BYTES,
     STATS_BYTES,
+    check_activation_args,
     gpt_activation_bytes,
     gpt_forward_flops,
     gpt_layer_activation_bytes,
@@ -83,6 +84,7 @@ def fused_layer_bytes(cfg, batch: int, seq: int, itemsize: int = 2, mask_bytes: 
     log-sum-exp per row and head (a B T), the LayerNorm statistics and, with dropout, the two
     residual dropouts' masks (the attention dropout's mask is regenerated in backward). In
     16-bit with 1-byte masks: Korthikanti et al.'s 34 s b h, plus the log-sum-exp and statistics."""
+    check_activation_args("fused_layer_bytes", batch, seq, itemsize, mask_bytes)
     B, T, C, a = batch, seq, cfg.n_embd, cfg.n_head
     m = itemsize if mask_bytes is None else mask_bytes
     nbytes = itemsize * 16 * B * T * C + STATS_BYTES * a * B * T + 2 * 2 * B * T * STATS_BYTES
@@ -104,6 +106,7 @@ def core_activation_bytes(cfg, batch: int, seq: int, itemsize: int = 4,
     """What the written-out attention core saves: the q, k and v copies of its two matmuls
     (3 B T C) and the softmax output (a B T^2), plus with dropout a mask and the dropped
     matrix (a B T^2 each). Fused: q, k, v (3 B T C) and the fp32 log-sum-exp (a B T)."""
+    check_activation_args("core_activation_bytes", batch, seq, itemsize, mask_bytes)
     B, T, C, a = batch, seq, cfg.n_embd, cfg.n_head
     if getattr(cfg, "fused_attention", False):
         return itemsize * 3 * B * T * C + STATS_BYTES * a * B * T
@@ -176,6 +179,7 @@ def predict_policy(cfg, batch: int, seq: int, policy: str, k: int | None = None,
     `pipelib.recompute.registry.policy_info(policy).cost(...)`."""
     from pipelib.recompute.registry import policy_info
 
+    check_activation_args("predict_policy", batch, seq, itemsize, mask_bytes)
     if getattr(cfg, "flash", False):
         raise ValueError("predict_policy counts the written-out attention; got a config with "
                          "flash=True, whose core is one fused kernel (its CPU kernel is not in "

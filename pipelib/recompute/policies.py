@@ -197,6 +197,9 @@ def apply_recompute(model: nn.Module, policy: str = "full", k: int | None = None
     The policy is an entry of `pipelib.recompute.registry` (its k, its `apply`: the functions
     above). Returns the model (changed in place), the way torchtitan's apply_ac does.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"apply_recompute: model={model!r:.60} is a {type(model).__name__}; pass the "
+                        f"torch.nn.Module (a GPT, a pipeline stage) whose blocks should recompute")
     blocks = _model_blocks(model)
     info = policy_info(policy)
     k = info.segment_length(k, len(blocks))

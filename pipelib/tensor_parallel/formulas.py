@@ -28,13 +28,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipelib.checks import check_int
+from pipelib.checks import check_int, check_ints
+
+
+def check_tp_sizes(context: str, b, s, h, t, itemsize=4, *, a=None, sequence_parallel: bool = False) -> None:
+    """Every size an integer >= 1, and the splits the tensor-parallel step itself refuses: heads
+    `a` not divisible by t (each rank holds whole heads, `plan.validate_plan`), a sequence not
+    divisible by t under sequence parallelism."""
+    check_ints(context, b=b, s=s, h=h, t=t, itemsize=itemsize)
+    if a is not None:
+        check_int(a, "a", context=context, hint="attention heads")
+        if a % t:
+            raise ValueError(f"{context}: a={a} heads are not divisible by t={t}; each rank holds whole "
+                             f"heads, a / t of them: choose t among "
+                             f"{[d for d in range(1, a + 1) if a % d == 0]} or change the heads")
+    if sequence_parallel and s % t:
+        raise ValueError(f"{context}: sequence parallelism: s={s} is not divisible by t={t}; each rank "
+                         f"holds s / t positions: pick a length multiple of {t}")
 
 
 def tp_all_reduce_bytes(numel: int, t: int, itemsize: int = 4) -> int:
     """Bytes one rank sends in a ring all-reduce of `numel` elements over t ranks, when t divides
     numel: 2 (t-1)/t numel itemsize (`pipelib.comm.alphabeta.expected_bytes` in general)."""
     check_int(t, "t", context="tp_all_reduce_bytes", hint="the tensor-parallel degree")
+    check_int(numel, "numel", minimum=0, context="tp_all_reduce_bytes", hint="elements reduced")
+    check_int(itemsize, "itemsize", context="tp_all_reduce_bytes", hint="bytes per element")
     if numel % t:
         raise ValueError(f"tp_all_reduce_bytes: numel={numel} is not divisible by t={t}; the closed "
                          f"form 2 (t-1)/t numel needs equal chunks (use alphabeta.expected_bytes)")
@@ -44,6 +62,7 @@ def tp_all_reduce_bytes(numel: int, t: int, itemsize: int = 4) -> int:
 def tp_layer_bytes(b: int, s: int, h: int, t: int, itemsize: int = 4) -> int:
     """Bytes per rank of ONE tensor-parallel all-reduce of a layer's (b, s, h) activations:
     2 b s h (t-1)/t itemsize. Sequence parallelism sends the same as reduce-scatter + all-gather."""
+    check_tp_sizes("tp_layer_bytes", b, s, h, t, itemsize)
     return tp_all_reduce_bytes(b * s * h, t, itemsize)
 
 
@@ -81,6 +100,9 @@ def tp_step_counts(n_layer: int, b: int, s: int, h: int, t: int, itemsize: int =
     norms, row-parallel biases, positions: `sp_grad_numel` elements) get their gradients summed
     by one coalesced all-reduce after the backward pass.
     """
+    check_tp_sizes("tp_step_counts", b, s, h, t, itemsize, sequence_parallel=sequence_parallel)
+    check_int(n_layer, "n_layer", context="tp_step_counts", hint="transformer blocks")
+    check_int(sp_grad_numel, "sp_grad_numel", minimum=0, context="tp_step_counts")
     act = tp_layer_bytes(b, s, h, t, itemsize)
     per = 2 if sequence_parallel else 1  # calls per all-reduce's worth of bytes
     fc = bc = 2 * n_layer * per
@@ -128,6 +150,7 @@ def tp_activation_bytes(b: int, s: int, h: int, a: int, t: int = 1, *,
     parallelism; tensor parallelism shards all but 10 s b h (layer-norm inputs, dropout masks
     and the inputs of the f operators): s b h (10 + 24/t + 5 a s / (h t)); sequence
     parallelism shards those too: s b h (34 + 5 a s / h) / t."""
+    check_tp_sizes("tp_activation_bytes", b, s, h, t, a=a, sequence_parallel=sequence_parallel)
     if t == 1:
         return s * b * h * (34 + 5 * a * s / h)
     if sequence_parallel:
@@ -149,6 +172,7 @@ def tp_layer_activation_bytes(b: int, s: int, h: int, a: int, t: int = 1, itemsi
 
     Megatron also drops those 2 bsh gathered inputs (it keeps the shard and all-gathers again in
     the backward pass), reaching Korthikanti et al.'s (34 sbh + 5 a s^2 b) / t."""
+    check_tp_sizes("tp_layer_activation_bytes", b, s, h, t, itemsize, a=a, sequence_parallel=sequence_parallel)
     bsh, split = b * s * h, 12 * b * s * h + a * b * s * s
     if t == 1 or not sequence_parallel:
         return itemsize * (4 * bsh + split // t) + 16 * b * s
@@ -166,6 +190,8 @@ def tp_overlap_hidden(n_layer: int, b: int, s: int, h: int, t: int, *, flops: fl
     from pipelib.comm.alphabeta import predicted_time
 
     check_int(t, "t", context="tp_overlap_hidden", hint="the tensor-parallel degree")
+    check_tp_sizes("tp_overlap_hidden", b, s, h, t, itemsize, sequence_parallel=sequence_parallel)
+    check_int(n_layer, "n_layer", context="tp_overlap_hidden", hint="transformer blocks")
     if t == 1:
         return 0.0
     name = "reduce_scatter" if sequence_parallel else "all_reduce"
