@@ -14,13 +14,15 @@
 - `layer`: the `MoE` layer (router, experts, local or across an ep group) and its `MoESpec`;
 - `gpt`: MoE layers put into the tiny GPT from outside, the loss with the Switch terms, the
   bias step on global counts, `apply_expert_parallel`;
+- `timeline`: one forward with every module's compute on the trace beside the all-to-alls, and
+  the share of the forward they take;
 - `sizes`: parameters, optimizer-state bytes per rank and FLOPs per token of the MoE GPT beside a
   dense one (pure: no torch);
 - `training`: EP x DP training on a mesh (gradients of experts and of the replicated rest
   reduced over their groups) and the one-process reference with the same routing.
 
 Chapter 16 uses all of it. The runtime layer: the strategy cores take their groups as arguments
-(`dispatch`, `padded`, `gpt`, `training`); `routing`, `policies`, `balance`, `experts` and `layer` run
+(`dispatch`, `padded`, `gpt`, `training`, `timeline`); `routing`, `policies`, `balance`, `experts` and `layer` run
 without a process group; `sizes` is pure. Import each name from its module
 (`from pipelib.expert_parallel.routing import route`); importing the package imports nothing.
 """

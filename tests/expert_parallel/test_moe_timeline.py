@@ -1,0 +1,33 @@
+"""One timed forward of the MoE GPT on 4 simulated ranks: every module that does math is one
+COMPUTE event, and the forward's time is exactly its compute plus its collectives."""
+import pytest
+
+from pipelib.expert_parallel.layer import MoESpec
+from pipelib.expert_parallel.timeline import all_to_all_share, timed_forward
+from pipelib.model import GPTConfig
+from pipelib.recipe import Recipe
+from pipelib.trace import Kind
+
+pytestmark = pytest.mark.cluster
+
+CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32)
+
+
+def test_forward_time_is_its_compute_plus_its_all_to_alls(cluster4):
+    spec = MoESpec(num_experts=8, k=2)
+    cluster4.reset()
+    times = cluster4.run(timed_forward, Recipe(CFG, batch_size=8), spec, 4, 4)
+    trace = cluster4.trace()
+    share = all_to_all_share(trace)
+    for r in range(4):
+        compute = [e for e in trace if e.rank == r and e.kind == Kind.COMPUTE]
+        coll = [e for e in trace if e.rank == r and e.kind == Kind.COLLECTIVE]
+        # embed, head, 3 per block, a router and 2 local experts per layer
+        assert len(compute) == 2 + 3 * 2 + 2 * (1 + 2)
+        assert [e.label for e in coll] == [f"{kind}: moe {layer} {what}" for layer in (0, 1) for kind, what in
+                                           (("all_to_all", "counts"), ("all_to_all_uneven", "dispatch"),
+                                            ("all_to_all_uneven", "combine"))]
+        total = sum(e.duration for e in compute) + sum(e.duration for e in coll)
+        assert times[r] == pytest.approx(total, rel=1e-9)
+        assert 0 < share[r] < 1
+        assert share[r] == pytest.approx(sum(e.duration for e in coll) / times[r], rel=1e-9)
