@@ -9,7 +9,8 @@
   stay inside a node and which cross between nodes. The order of the axes is the topology's
   (`Topology(order=...)`), or `order=` here;
 - `axis_timeline_figure(trace)`: each rank's compute, and its communication coloured by the
-  mesh axis that carried it (`Event.axis`): where tp, pp and dp each spend their time;
+  mesh axis that carried it (`Event.axis`): each collective as one bar, and the point-to-point
+  transfers outside any collective (a pipeline's activations) as thinner ones;
 - `orders_figure(rows)`: seconds of communication per axis under several axis orders, two
   quantities side by side (`pipelib.planner.orders`);
 - `rank_memory_figure(measured, predicted)`: bytes per rank measured on the simulated devices,
@@ -156,15 +157,22 @@ def axis_timeline_figure(trace: Trace, title: str = "Every axis's communication"
 
     bars([e for e in trace.events if e.kind == Kind.COMPUTE and e.duration > 0], "compute", COMPUTE_COLOR, 0.8,
          "compute")
+    colls = [e for e in trace.events if e.kind == Kind.COLLECTIVE and e.duration > 0]
     for axis, color in AXIS_COLORS.items():
-        coll = [e for e in trace.events if e.axis == axis and e.kind == Kind.COLLECTIVE and e.duration > 0]
-        sent = [e for e in trace.events if e.axis == axis and e.kind == Kind.TRANSFER and e.duration > 0]
+        coll = [e for e in colls if e.axis == axis]
+        sent = [e for e in trace.events if e.axis == axis and e.kind == Kind.TRANSFER and e.duration > 0
+                and not _inside(e, colls)]  # a collective's own messages are drawn as the collective
         bars(coll, f"{axis} collective", color, 0.5, axis)
         bars(sent, f"{axis} transfer", color, 0.25, axis)
     fig.update_layout(title=title, barmode="overlay", xaxis_title=time_title(unit),
                       yaxis=dict(categoryorder="array", categoryarray=names[::-1]),
                       height=160 + 34 * trace.world_size, **_LOOK)
     return fig
+
+
+def _inside(e, collectives) -> bool:
+    """Whether event `e` lies within one of its rank's collectives."""
+    return any(c.rank == e.rank and c.start <= e.start and e.end <= c.end for c in collectives)
 
 
 def orders_figure(rows: list[dict], title: str = "What each order of the axes costs", *,

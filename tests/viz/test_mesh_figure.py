@@ -70,7 +70,8 @@ def test_axis_timeline_colours_each_axis_and_leaves_waiting_out():
     evs = [Event(0, Kind.COMPUTE, "F", 0.0, 1.0), Event(1, Kind.COMPUTE, "F", 0.0, 1.0),
            Event(0, Kind.COLLECTIVE, "all_reduce", 1.0, 1.5, bytes=64, axis="tp"),
            Event(1, Kind.TRANSFER, "act", 1.0, 1.2, bytes=32, peer=0, axis="pp"),
-           Event(1, Kind.RECV_WAIT, "act", 1.0, 1.2, peer=0, axis="pp")]
+           Event(1, Kind.RECV_WAIT, "act", 1.0, 1.2, peer=0, axis="pp"),
+           Event(0, Kind.TRANSFER, "all_reduce step 0", 1.0, 1.25, bytes=32, peer=1, axis="tp")]  # in the collective
     fig = axis_timeline_figure(Trace(evs, 2))
     by_name = {d.name: d for d in fig.data}
     assert set(by_name) == {"compute", "tp collective", "pp transfer"}
