@@ -72,3 +72,15 @@ def test_trace_bytes_equal_the_routing_counts(cluster4):
             counts = [e.bytes for e in mine if e.label == f"all_to_all: moe {layer} counts"]
             assert counts == [(ep - 1) * CAPACITY.num_experts // ep * 8] * RECIPE.steps
     assert sum(sum(sum(s) for s in step) for r in results for step in r.stats["sent"]) > 0
+
+
+@pytest.mark.parametrize("dp, ep, experts, match", [
+    (4, 4, 6, r"experts not divisible by the ep size: num_experts=6, ep=4"),
+    (4, 3, 6, r"ep=3 does not divide dp=4"),
+])
+def test_bad_layouts_name_their_values(cluster4, dp, ep, experts, match):
+    from pipelib.runtime.errors import RankError
+
+    with pytest.raises(RankError, match=match):
+        cluster4.run(train_expert_parallel, RECIPE, MoESpec(num_experts=experts), dp, ep)
+    assert cluster4.run(train_expert_parallel, RECIPE.replace(steps=1), DROPLESS, 2, 2)[0] is not None  # usable
