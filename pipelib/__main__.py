@@ -72,7 +72,7 @@ TRAIN_FLAGS = (("dp", int), ("tp", int), ("pp", int), ("cp", int), ("data_parall
                ("seed", int), ("optimizer", str))
 
 
-def train(args) -> int:
+def train_command(args) -> int:
     from pipelib.launch import load_plan_and_recipe, train_from_env
 
     overrides = {name: getattr(args, name) for name, _ in TRAIN_FLAGS}
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     t.add_argument("--out", help="rank 0 writes what every rank measured here, as JSON")
     sub.add_parser("doctor", help="what this machine offers; start a small cluster")
     args = ap.parse_args(argv)
-    return {"check": lambda: check(args.device), "train": lambda: train(args), "doctor": doctor}[args.cmd]()
+    return {"check": lambda: check(args.device), "train": lambda: train_command(args), "doctor": doctor}[args.cmd]()
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def choose_device(device: str, env: dict, cuda_count: int) -> str:
     return device
 
 
-def check_world(plan, recipe, env: dict) -> None:
+def check_torchrun_world(plan, recipe, env: dict) -> None:
     """The plan against torchrun's world and the recipe: before any process group."""
     size = plan.topology().world_size
     if size != env["WORLD_SIZE"]:
@@ -74,7 +74,7 @@ def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, o
 
     env = torchrun_env(environ)
     device = choose_device(device, env, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    check_world(plan, recipe, env)
+    check_torchrun_world(plan, recipe, env)
     if device == "cuda":
         torch.cuda.set_device(env["LOCAL_RANK"])
     dist.init_process_group("nccl" if device == "cuda" else "gloo")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pipelib.launch import check_world, choose_device, load_plan_and_recipe, torchrun_env
+from pipelib.launch import check_torchrun_world, choose_device, load_plan_and_recipe, torchrun_env
 from pipelib.parallelize import Plan
 from pipelib.recipe import Recipe
 
@@ -86,8 +86,8 @@ def test_everything_checkable_is_checked_before_any_process_group():
         choose_device("tpu", env, 0)
     recipe = Recipe.from_dict(RECIPE)
     with pytest.raises(ValueError, match=r"needs 2 ranks but torchrun started 4"):
-        check_world(Plan(dp=2), recipe, env)
-    check_world(Plan(dp=2, tp=2), recipe, env)
+        check_torchrun_world(Plan(dp=2), recipe, env)
+    check_torchrun_world(Plan(dp=2, tp=2), recipe, env)
 
 
 def test_flags_override_the_files(tmp_path):

@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PURE = [
     "pipelib",  # the root: `pipelib.Cluster` imports the cluster only when it is used
     "pipelib.checks", "pipelib.trace", "pipelib.costmodel", "pipelib.memory", "pipelib.results",
-    "pipelib.scaling", "pipelib.topology",
+    "pipelib.scaling", "pipelib.topology", "pipelib.frameworks",
     "pipelib.comm.registry", "pipelib.comm.twins", "pipelib.tensor_parallel.styles", "pipelib.recompute.registry",
     "pipelib.pipeline.schedules", "pipelib.pipeline.schedules.registry", "pipelib.pipeline.simulate",
     "pipelib.comm.alphabeta", "pipelib.hardware.roofline", "pipelib.hardware.published",
