@@ -65,7 +65,7 @@ class Routing:
         capacity, or the largest count when dropless."""
         S, k = self.experts.shape
         C = self.capacity if self.capacity is not None else int(self.counts.max()) if S else 0
-        mask = torch.zeros(S, self.num_experts, C, dtype=torch.bool)
+        mask = torch.zeros(S, self.num_experts, C, dtype=torch.bool, device=self.probs.device)
         s, j = self.kept.nonzero(as_tuple=True)
         mask[s, self.experts[s, j], self.slots[s, j]] = True
         return mask
@@ -126,14 +126,15 @@ def route(logits: torch.Tensor, k: int = 1, *, capacity_factor: float | None = N
     gates = probs.gather(1, experts)  # (S, k)
     if k > 1:
         gates = gates / gates.sum(dim=-1, keepdim=True)
-    chosen = torch.zeros(S, E, dtype=torch.bool).scatter_(1, experts, True)  # (S, E)
+    chosen = torch.zeros(S, E, dtype=torch.bool, device=logits.device).scatter_(1, experts, True)  # (S, E)
     demand = chosen.sum(0)  # (E,)
     capacity = None if capacity_factor is None else capacity_of(S, E, k, capacity_factor, min_capacity)
     keep = chosen
     if capacity is not None:
         score = policy.priority(probs.detach()).masked_fill(~chosen, -math.inf)
         order = torch.sort(score, dim=0, descending=True, stable=True).indices  # (S, E)
-        rank = torch.empty_like(order).scatter_(0, order, torch.arange(S)[:, None].expand(S, E).contiguous())
+        rows = torch.arange(S, device=logits.device)[:, None].expand(S, E).contiguous()
+        rank = torch.empty_like(order).scatter_(0, order, rows)
         keep = chosen & (rank < capacity)
     slot_of = keep.long().cumsum(0) - 1  # (S, E): slot by position among the kept
     kept = keep.gather(1, experts)  # (S, k)
