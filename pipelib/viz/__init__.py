@@ -20,9 +20,10 @@
   rank, transfer hidden behind compute, the longest context per number of ranks, and ring,
   all-gather and Ulysses side by side (chapter 17);
 - `mesh`: `mesh_figure`, `mesh_rows`, `axis_timeline_figure`, `orders_figure`,
-  `rank_memory_figure`, `plans_figure`: ranks on the (dp, tp, pp, cp, ep) grid with every group
-  on hover, communication coloured by mesh axis, what each order of the axes costs, memory per
-  rank beside the planner's, the planner's best plans itemised (chapter 15);
+  `rank_memory_figure`, `plans_figure`, `plans_explorer_figure`: ranks on the (dp, tp, pp, cp,
+  ep) grid with every group on hover, communication coloured by mesh axis, what each order of
+  the axes costs, memory per rank beside the planner's, the planner's best plans itemised, for
+  one scenario or several behind a menu (chapter 15);
 - `experts`: `dispatch_matrices`, `traffic_figure`, `load_figure`, `drop_rate_figure`: tokens
   each rank sends to each other rank per step read from the trace, animated; the load per
   expert over training under each balancing method; tokens dropped against the capacity factor
@@ -81,6 +82,7 @@ API = MappingProxyType({
     "orders_figure": "mesh",
     "rank_memory_figure": "mesh",
     "plans_figure": "mesh",
+    "plans_explorer_figure": "mesh",
     "dispatch_matrices": "experts",
     "traffic_figure": "experts",
     "load_figure": "experts",

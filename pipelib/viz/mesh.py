@@ -15,7 +15,9 @@
   quantities side by side (`pipelib.planner.orders`);
 - `rank_memory_figure(measured, predicted)`: bytes per rank measured on the simulated devices,
   beside the planner's itemised prediction of each rank;
-- `plans_figure(candidates)`: the planner's best plans, each one's step time itemised.
+- `plans_figure(candidates)`: the planner's best plans, each one's step time itemised;
+  `plans_explorer_figure({scenario: candidates})` the same for several models and machines, a
+  menu choosing the scenario (the static book's control over the planner's space).
 
 The pure layer: plotly, `pipelib.topology` and `pipelib.trace`. Introduced in chapter 15.
 """
@@ -230,3 +232,29 @@ def _plan_name(c) -> str:
     v = f" v{lay.virtual}" if lay.virtual > 1 else ""
     return (f"dp{lay.dp} tp{lay.tp} pp{lay.pp}" + (f" cp{lay.cp}" if lay.cp > 1 else "")
             + f" Z{lay.zero} {lay.recompute} b{lay.micro_batch} {lay.schedule}{v} · MFU {c.mfu:.1%}")
+
+
+def plans_explorer_figure(scenarios: dict, title: str = "The planner's space: best plans per scenario") -> go.Figure:
+    """{scenario name: candidates, fastest first}: one scenario's plans shown at a time (a menu
+    picks it), each a bar of its step time itemised (seconds), its plan and memory on hover."""
+    items = list(dict.fromkeys(k for cands in scenarios.values() for c in cands for k, v in c.time.items() if v))
+    fig, visible = go.Figure(), []
+    for s_i, cands in enumerate(scenarios.values()):
+        ranks = [f"#{i + 1}" for i in range(len(cands))]
+        hover = [f"{_plan_name(c)}<br>{c.memory_bytes / 2**30:.1f} GiB per device, "
+                 f"{c.tokens_per_s:,.0f} tokens/s" for c in cands]
+        for i, item in enumerate(items):
+            fig.add_trace(go.Bar(y=ranks, x=[c.time.get(item, 0) for c in cands], orientation="h", name=item,
+                                 legendgroup=item, showlegend=s_i == 0, visible=s_i == 0,
+                                 marker_color=GROUP_COLORS[i % len(GROUP_COLORS)], hovertext=hover,
+                                 hovertemplate=f"{item}: %{{x:.3g}} s<br>%{{hovertext}}<extra></extra>"))
+            visible.append(s_i)
+    buttons = [dict(label=name, method="update",
+                    args=[{"visible": [v == s_i for v in visible]}, {"title.text": f"{title}: {name}"}])
+               for s_i, name in enumerate(scenarios)]
+    first = next(iter(scenarios), "")
+    fig.update_layout(title=f"{title}: {first}", barmode="stack", xaxis_title="step time (s)",
+                      yaxis=dict(autorange="reversed", title="rank among feasible plans"), height=480,
+                      updatemenus=[dict(type="dropdown", x=0, y=1.0, xanchor="left", yanchor="bottom",
+                                        pad=dict(b=30), buttons=buttons)], **_LOOK)
+    return fig

@@ -107,3 +107,22 @@ def test_plans_figure_itemises_each_candidates_step():
     assert len(fig.data[0].y) == 3 and fig.data[0].name == "compute"
     totals = [sum(d.x[i] for d in fig.data) for i in range(3)]
     assert totals == pytest.approx([c.step_time for c in best])  # seconds: the span is over 1 s
+
+
+def test_the_explorer_shows_one_scenario_at_a_time_behind_a_menu():
+    from pipelib.costmodel import LINKS, PROFILES
+    from pipelib.planner.search import search
+    from pipelib.planner.spec import GPT3_175B, LLAMA3_70B, Machine
+    from pipelib.viz.mesh import plans_explorer_figure
+
+    h100 = Machine(PROFILES["h100"], 8, LINKS["ib-ndr"])
+    scenarios = {"GPT-3 on 1024": search(GPT3_175B, h100, 1024, 1536)[:5],
+                 "Llama on 64": search(LLAMA3_70B, h100, 64, 128)[:4]}
+    fig = plans_explorer_figure(scenarios)
+    menu = fig.layout.updatemenus[0].buttons
+    assert [b.label for b in menu] == list(scenarios)
+    shown = [d for d, v in zip(fig.data, menu[1].args[0]["visible"]) if v]
+    assert {len(d.x) for d in shown} == {4}
+    assert sum(d.x[0] for d in shown) == pytest.approx(scenarios["Llama on 64"][0].step_time)
+    assert [bool(d.visible) for d in fig.data] == list(menu[0].args[0]["visible"])  # the first scenario first
+    figure_bundle(fig)
