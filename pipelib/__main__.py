@@ -53,16 +53,40 @@ def check(device: str) -> int:
     return 0
 
 
+# what `doctor` looks for: (what, the program, what it enables, how to get it on Debian/Ubuntu)
+TOOLS = (("torchrun", "torchrun", "python -m pipelib train on many processes and nodes", "comes with torch"),
+         ("MPI", "mpiexec", "Cluster(..., launcher='mpi')",
+          "apt install openmpi-bin libopenmpi-dev && pip install mpi4py"),
+         ("SLURM", "sbatch", "Cluster(..., launcher='slurm') on a SLURM cluster", "your cluster's login node"))
+
+
+def _rank_of_engine() -> tuple:
+    from pipelib.runtime.device import current
+
+    dev = current()
+    return dev.rank, str(dev.torch_device)
+
+
 def doctor() -> int:
+    import shutil
+
     import torch
+    import torch.distributed as dist
 
     from pipelib.runtime.cluster import Cluster
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPU cores")
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print(f"CUDA GPUs: {n}" + "".join(f"\n  {i}: {torch.cuda.get_device_name(i)}" for i in range(n)))
+    nccl = dist.is_nccl_available() and n > 0
+    print(f"NCCL: yes, one rank per GPU ({n} here)" if nccl else "NCCL: no (gloo on CPUs)")
+    for what, program, enables, how in TOOLS:
+        path = shutil.which(program) or shutil.which(program, path=os.path.dirname(sys.executable))
+        print(f"{what}: {path or 'not found'} ({enables}" + (")" if path else f"; to install: {how})"))
     with Cluster(2, device="sim") as c:
-        print(f"2-engine simulated cluster ready in {c.startup_seconds:.1f} s; ranks {c.run(lambda: 1)}")
+        ranks = c.run(_rank_of_engine)
+        print(f"2-engine simulated cluster ready in {c.startup_seconds:.1f} s: "
+              + ", ".join(f"rank {r} on {d}" for r, d in ranks))
     return 0
 
 
@@ -73,12 +97,17 @@ TRAIN_FLAGS = (("dp", int), ("tp", int), ("pp", int), ("cp", int), ("data_parall
 
 
 def train_command(args) -> int:
-    from pipelib.launch import load_plan_and_recipe, train_from_env
+    from pipelib.launch import load_plan_and_recipe, preflight, train_from_env
 
     overrides = {name: getattr(args, name) for name, _ in TRAIN_FLAGS}
     if args.sequence_parallel:
         overrides["sequence_parallel"] = True
-    recipe, plan = load_plan_and_recipe(args.plan, args.recipe, overrides)
+    try:  # bad input: one line naming the values, before any process group
+        recipe, plan = load_plan_and_recipe(args.plan, args.recipe, overrides)
+        preflight(recipe, plan, args.device)
+    except (RuntimeError, ValueError, TypeError, OSError) as e:
+        print(f"pipelib train: {e}" if not str(e).startswith("pipelib train") else str(e), file=sys.stderr)
+        return 2
     return train_from_env(recipe, plan, device=args.device, check=args.check, out=args.out)
 
 

@@ -63,6 +63,16 @@ def check_torchrun_world(plan, recipe, env: dict) -> None:
     plan.check(recipe, env["WORLD_SIZE"])
 
 
+def preflight(recipe, plan, device: str = "auto", environ=None) -> tuple[dict, str]:
+    """Every check before any process group: (torchrun's environment, "cuda" or "cpu")."""
+    import torch
+
+    env = torchrun_env(environ)
+    device = choose_device(device, env, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    check_torchrun_world(plan, recipe, env)
+    return env, device
+
+
 def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, out: str | None = None,
                    environ=None) -> int:
     """One rank of a torchrun job: train `recipe` under `plan`; rank 0 reports. The exit code."""
@@ -72,9 +82,7 @@ def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, o
     from pipelib.runtime.device import Device, DeviceSpec, set_current
     from pipelib.trainer import train_plan
 
-    env = torchrun_env(environ)
-    device = choose_device(device, env, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    check_torchrun_world(plan, recipe, env)
+    env, device = preflight(recipe, plan, device, environ)
     if device == "cuda":
         torch.cuda.set_device(env["LOCAL_RANK"])
     dist.init_process_group("nccl" if device == "cuda" else "gloo")

@@ -20,3 +20,21 @@ def test_check_outside_torchrun_explains():
     out = subprocess.run([sys.executable, "-m", "pipelib", "check"], capture_output=True, text=True,
                          timeout=60, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "RANK"})
     assert out.returncode == 2 and "torchrun" in out.stderr
+
+
+def test_doctor_says_what_this_machine_runs_and_names_the_ranks():
+    out = subprocess.run([sys.executable, "-m", "pipelib", "doctor"], capture_output=True, text=True,
+                         timeout=180, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = {line.split(":")[0]: line for line in out.stdout.splitlines()}
+    assert {"CUDA GPUs", "NCCL", "torchrun", "MPI", "SLURM"} <= set(lines)
+    assert os.path.dirname(sys.executable) in lines["torchrun"]           # found beside this Python
+    assert "rank 0 on" in out.stdout and "rank 1 on" in out.stdout        # the engines' own ranks
+    for tool in ("MPI", "SLURM"):
+        assert "not found" not in lines[tool] or "to install:" in lines[tool]
+
+
+def test_train_outside_torchrun_explains():
+    out = subprocess.run([sys.executable, "-m", "pipelib", "train", "--dp", "2"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "RANK"})
+    assert out.returncode == 2 and "run me under torchrun" in out.stderr and "Traceback" not in out.stderr
