@@ -12,8 +12,10 @@ step (dropless routing, MegaBlocks; `pipelib.expert_parallel`).
 
 Counts first: a receiver must size its buffer, so when only `input_splits` are given the counts
 are exchanged by an even `all_to_all` of n integers (its own COLLECTIVE event, labelled
-``"all_to_all: <label>: splits"``) before the rows move. Pairwise exchange: step s = 1..n-1 sends the rows
-for rank r+s and receives those of rank r-s (zero rows is a message of zero bytes). Rank r sends
+``"all_to_all: <label>: splits"``) before the rows move. Pairwise exchange: step s = 1..n-1 sends the
+rows for rank r+s and receives those of rank r-s (zero rows is a message of zero bytes); on a
+simulated device the steps run one after the other (the alpha-beta model's (n-1) alpha +
+bytes / beta), on a real one all n-1 pairs are posted at once. Rank r sends
 exactly (sum(in) - in[r]) rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
 
 The agreement check (``check=True``) compares dtype and row shape on every rank, and, when both
@@ -28,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from pipelib.comm import p2p as comms
 from pipelib.comm.agreement import CHECK_TAG, CollectiveMismatchError
 from pipelib.comm.collectives import _Call, all_to_all
 from pipelib.comm.registry import chunk_sizes
@@ -102,7 +105,12 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
     out = torch.empty((sum(output_splits), *x.shape[1:]), dtype=x.dtype)
     outs = list(torch.split(out, output_splits, dim=0))
     outs[me].copy_(ins[me])
+    handles = []
     for s in range(1, n):
         dst, src = c.peer(s), c.peer(-s)
-        c.step("all-to-all", s - 1, dst, send=ins[dst], dst=dst, recv=outs[src], src=src)
+        if c.dev.modelled:  # the alpha-beta model's pairwise rounds, one after the other
+            c.step("all-to-all", s - 1, dst, send=ins[dst], dst=dst, recv=outs[src], src=src)
+        else:  # a real link: every message in flight at once, gloo serves them concurrently
+            handles += c.post("all-to-all", s - 1, dst, send=ins[dst], dst=dst, recv=outs[src], src=src)
+    comms.wait_all(handles)
     return c.done(out)

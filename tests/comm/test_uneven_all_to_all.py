@@ -20,7 +20,7 @@ def _splits(n, seed, zeros=True):
     return m.tolist()
 
 
-def _against_gloo(ranks, seeds):
+def _against_gloo(ranks, seeds, world=False):
     import torch
     import torch.distributed as dist
 
@@ -28,7 +28,7 @@ def _against_gloo(ranks, seeds):
     from pipelib.comm.registry import collective_info
     from pipelib.comm.uneven import uneven_bytes
 
-    g = _group(ranks)
+    g = None if world else _group(ranks)
     if dist.get_rank() not in ranks:
         return []
     info, n, me, bad = collective_info("all_to_all_uneven"), len(ranks), ranks.index(dist.get_rank()), []
@@ -59,6 +59,11 @@ def _against_gloo(ranks, seeds):
 @pytest.mark.parametrize("ranks", [(0, 1), (1, 2, 3), (0, 1, 2, 3)], ids=["n2", "n3-subgroup", "n4"])
 def test_uneven_all_to_all_equals_gloo(cluster4, ranks):
     assert [b for r in cluster4.run(_against_gloo, list(ranks), [1, 2, 3]) for b in r] == []
+
+
+def test_on_real_cpu_devices_every_pair_in_flight_at_once(cpu2):
+    """A real device posts all n-1 pairs at once (no alpha-beta rounds): the same rows, bytes."""
+    assert [b for r in cpu2.run(_against_gloo, [0, 1], [4, 5], world=True) for b in r] == []
 
 
 def _traced(m):
