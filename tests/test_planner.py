@@ -82,3 +82,20 @@ def test_search_ranks_feasible_layouts_fastest_first_and_says_why_one_does_not_f
 def test_bad_layouts_are_refused_naming_the_values(layout, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
         check_strategy(GPT3_175B, 1024, 1536, layout)
+
+
+def test_a_device_sized_for_seed_003s_10_ms_of_compute_against_8_of_communication():
+    from pipelib.planner.book import profile_for
+    from pipelib.planner.spec import ModelSpec
+
+    tiny = ModelSpec("tiny GPT", n_layer=4, hidden=64, n_head=4, vocab=256, seq_len=64)
+    toy = Machine(PROFILES["toy-gpu"], gpus_per_node=4, inter_node=PROFILES["toy-gpu"].link)
+    lay = Strategy(dp=4, micro_batch=2, zero=0, flash=False, sequence_parallel=False)
+    prof = profile_for(tiny, toy, lay, 8, compute=0.010, dp=0.008)
+    c = evaluate(tiny, Machine(prof, 4, prof.link), 4, 8, lay, accounting="book")
+    assert c.time["compute"] == pytest.approx(0.010) and c.time["dp"] == pytest.approx(0.008)
+    assert c.time["optimizer"] < 1e-6 and prof.link.alpha == toy.device.link.alpha
+    with pytest.raises(ValueError, match="within the ring's latency"):
+        profile_for(tiny, toy, lay, 8, compute=0.010, dp=1e-6)
+    with pytest.raises(ValueError, match="sizes a DDP step"):
+        profile_for(tiny, toy, replace(lay, dp=2, tp=2), 8, compute=0.010, dp=0.008)

@@ -160,3 +160,29 @@ def book_step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) ->
         per_elem = {0: 2, 1: 2, 2: 2, 3: 3}[lay.zero] * F32
         dp = ring_seconds(per_elem * psi * (n - 1) / n, n, link, 2 * (n - 1) * units * (1.5 if lay.zero == 3 else 1))
     return {"compute": compute, "optimizer": optimizer, "tp": tp, "pp": pp, "dp": dp}
+
+
+def profile_for(model: ModelSpec, machine: Machine, lay: Strategy, global_batch: int, *, compute: float,
+                dp: float, name: str = "sized GPU"):
+    """A `DeviceProfile` on which `lay`'s step of the book's run lasts `compute` seconds of
+    compute and `dp` seconds of data-parallel all-reduce (no overlap, one bucket), with
+    `machine.device`'s link latency and memory, and a memory bandwidth that makes Adam's step
+    negligible: seed 003's "10 ms of compute against 8 ms of communication", on simulated devices."""
+    from dataclasses import replace
+
+    from pipelib.costmodel import Link
+    from pipelib.planner.memory import stage_params
+    from pipelib.planner.strategy import check_strategy
+
+    m = check_strategy(model, lay.n_devices, global_batch, lay)
+    if lay.dp < 2 or lay.tp * lay.pp * lay.cp != 1 or lay.zero:
+        raise ValueError(f"profile_for sizes a DDP step: use dp > 1 alone with zero=0, not {lay}")
+    dev, n = machine.device, lay.dp
+    now = book_step_time(model, machine, lay, m)["compute"]
+    latency = 2 * (n - 1) * dev.link.alpha
+    if dp <= latency:
+        raise ValueError(f"profile_for: dp={dp} s is within the ring's latency {latency} s; ask for more")
+    sent = 2 * F32 * stage_params(model, lay) * (n - 1) / n
+    link = Link(f"{name} link", dev.link.alpha, sent / (dp - latency))
+    return replace(dev, name=name, flops=dev.flops * now / compute, mem_bandwidth=1e18, link=link,
+                   source=f"sized for {compute * 1e3:g} ms of compute and {dp * 1e3:g} ms of all-reduce")
