@@ -22,6 +22,7 @@ import contextlib
 import torch
 
 from pipelib.expert_parallel.gpt import apply_expert_parallel, moe_gpt, moe_layers
+from pipelib.trace import Kind
 
 
 def _timed_modules(model) -> list[tuple[str, torch.nn.Module]]:
@@ -90,6 +91,6 @@ def all_to_all_share(trace, prefix: str = "all_to_all") -> dict[int, float]:
     for rank in sorted({e.rank for e in trace}):
         events = [e for e in trace if e.rank == rank]
         span = max(e.end for e in events) - min(e.start for e in events)
-        comm = sum(e.duration for e in events if e.kind.value == "collective" and e.label.startswith(prefix))
+        comm = sum(e.duration for e in events if e.kind == Kind.COLLECTIVE and e.label.startswith(prefix))
         out[rank] = comm / span if span > 0 else 0.0
     return out
