@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from pipelib.checks import check_int
 from pipelib.expert_parallel.dispatch import expert_parallel_ffn, run_local
 from pipelib.expert_parallel.experts import Expert, expert_range, expert_seed, init_expert
+from pipelib.expert_parallel.policies import drop_policy_info
 from pipelib.expert_parallel.routing import Routing, check_routing_args, route
 
 
@@ -45,7 +47,15 @@ class MoESpec:
     hidden: int | None = None
 
     def __post_init__(self):
+        check_int(self.num_experts, "num_experts", context="MoESpec", hint="experts per MoE layer")
         check_routing_args(torch.zeros(1, self.num_experts), self.k, self.capacity_factor, self.min_capacity, None)
+        drop_policy_info(self.drop_policy)
+        if self.bias_rate is not None and not self.bias_rate > 0:
+            raise ValueError(f"MoESpec: bias_rate={self.bias_rate!r}; pass DeepSeek-V3's update speed gamma > 0 "
+                             f"(it used 0.001), or None for no bias")
+        if not self.aux_coef >= 0:
+            raise ValueError(f"MoESpec: aux_coef={self.aux_coef!r}; pass the Switch loss's weight alpha >= 0 "
+                             f"(Switch Transformer used 0.01; 0 turns it off)")
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,10 @@ def test_moe_gpt_replaces_the_mlps_it_is_told_to():
     (dict(num_experts=2, k=3), r"top-k k=3 is more than the number of experts E=2"),
     (dict(k=0), r"k=0; pass an integer >= 1"),
     (dict(capacity_factor=0.0), r"capacity_factor=0.0; pass a number > 0"),
+    (dict(num_experts=0), r"num_experts=0; pass an integer >= 1"),
+    (dict(drop_policy="random"), r"unknown drop policy 'random'; use one of \('probability', 'position'\)"),
+    (dict(bias_rate=0.0), r"bias_rate=0.0; pass DeepSeek-V3's update speed gamma > 0"),
+    (dict(aux_coef=-0.1), r"aux_coef=-0.1; pass the Switch loss's weight alpha >= 0"),
 ])
 def test_a_bad_spec_names_its_values(kw, match):
     with pytest.raises(ValueError, match=match):
