@@ -1,0 +1,16 @@
+"""Checkpoints: sharded, crash-safe, resharded by placement, resumed bit for bit (chapter 18).
+
+Each rank saves its own pieces of the monolith's tensors (model and optimizer state), its step,
+data position and random states; a manifest written last is the commit record; loading cuts
+the pieces again for any layout, so a run saved on one mesh resumes on another.
+
+- `errors`: one error type per thing that can be wrong with a checkpoint, naming the values;
+- `files`: temp name, fsync, rename, checksum on the way; `torch.load(weights_only=True)`;
+- `pieces`: a rank's part of a whole tensor (tp split, ZeRO flat range): cut, put, coverage;
+- `manifest`: the commit record, step directories, latest committed, pruning to the last k;
+- `sharded`: save (each rank its file, rank 0 the manifest) and load (any layout) of pieces;
+- `rng`: every random state of a rank (torch CPU, CUDA, Python, numpy);
+- `state`: a parallelized model and its optimizer (DDP, ZeRO 0-3, TP, pipeline) as pieces;
+- `training`: save and load one run's training state; what may not change across a resume;
+- `resume`: the trainer's loop with checkpoints, resumed from the latest committed step.
+"""

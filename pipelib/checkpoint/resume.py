@@ -1,0 +1,81 @@
+"""The trainer's loop with checkpoints: resume from the latest committed step, save every k steps.
+
+    out = train_resumable(recipe, plan, root, stop=6, save_every=2)   # on every rank
+    out.start, out.losses, out.params                                 # where it began, what it did
+
+Each step is the trainer's (`pipelib.trainer.train_plan`): this rank's rows of the recipe's
+global batch for that step (`Recipe.batch(step, dp_rank, dp)`: the data position is the step),
+`Parallel.forward_backward`, one optimizer step, the loss averaged over dp (and cp) as the
+trainer reports it. Before the first step it loads the latest committed checkpoint under `root`
+if there is one (any layout: `load_training` reshards), so a run killed at any moment and
+started again with the same call goes on from the last save; the losses and final parameters
+equal an uninterrupted run's bit for bit (the tests check it for DDP, ZeRO and a pipeline).
+
+Measurement is left out: this loop checks equality, the trainer measures time and memory.
+Introduced in chapter 18.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipelib.checkpoint.manifest import committed_steps
+from pipelib.checkpoint.training import grid_group, load_training, save_training
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    """One rank's run: the first step it ran, the global loss of each step it ran, the steps it
+    saved, and the whole parameters at the end (`Parallel.unshard("data")`, on every rank)."""
+
+    start: int
+    losses: tuple[float, ...]
+    saved: tuple[int, ...]
+    params: dict
+
+
+def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_every: int = 1,
+                    keep: int | None = 2, mesh=None, crash_after: int | None = None) -> ResumeResult | None:
+    """On every rank: train `recipe` under `plan` up to step `stop` (default `recipe.steps`),
+    starting from the latest checkpoint under `root` if any, saving after every `save_every`
+    steps. `crash_after=k` raises `RuntimeError` right after step k (its save done, if due):
+    a failure in the middle of a run, for the tests and the chapter."""
+    from pipelib.parallelize import parallelize
+    from pipelib.runtime.device import current
+    from pipelib.runtime.mesh import Mesh
+    from pipelib.trainer import _mean_loss
+
+    mesh = Mesh(plan.topology()) if mesh is None else mesh
+    group = grid_group(mesh)  # every rank of the world, before those off the grid leave
+    if not mesh.contains:
+        return None
+    dev = current()
+    stop = recipe.steps if stop is None else stop
+    par = parallelize(recipe.build().to(dev.torch_device), mesh, plan, optimizer=recipe.make_optimizer)
+    opt = par.make_optimizer(recipe.make_optimizer)
+    start = load_training(par, opt, root, recipe=recipe) if committed_steps(root) else 0
+    dp_rank, losses, saved = mesh.local_rank("dp"), [], []
+    try:
+        for step in range(start, stop):
+            x, y = (t.to(dev.torch_device) for t in recipe.batch(step, dp_rank, plan.dp))
+            loss = par.forward_backward(x, y)
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            losses.append(_mean_loss(loss, mesh, par))
+            if (step + 1) % save_every == 0 or step + 1 == stop:
+                save_training(par, opt, root, step + 1, recipe=recipe, keep=keep, group=group)
+                saved.append(step + 1)
+            if crash_after is not None and step + 1 == crash_after:
+                raise RuntimeError(f"crash injected after step {step + 1} (crash_after={crash_after})")
+    finally:
+        par.close()
+    params = {k: t.cpu() for k, t in par.unshard("data").items()}
+    return ResumeResult(start, tuple(losses), tuple(saved), params)
+
+
+def equal_state(a: dict, b: dict) -> list[str]:
+    """The names whose tensors differ in any bit between two {name: tensor} (empty: identical)."""
+    names = sorted(set(a) | set(b))
+    return [n for n in names if n not in a or n not in b or a[n].shape != b[n].shape
+            or not torch.equal(a[n], b[n])]
