@@ -51,10 +51,10 @@ def uneven_bytes(input_splits, rank: int, row_bytes: int) -> int:
     return (sum(input_splits) - input_splits[rank]) * row_bytes
 
 
-def exchange_splits(input_splits, group=None, *, label: str | None = None) -> list[int]:
+def exchange_splits(input_splits, group=None, *, label: str | None = None, check: bool = True) -> list[int]:
     """Each rank's row counts for this rank, by an even all-to-all of n int64 (counts first)."""
     counts = torch.tensor(list(input_splits), dtype=torch.int64)
-    return all_to_all(counts, group, label=label).tolist()
+    return all_to_all(counts, group, check=check, label=label).tolist()
 
 
 def agree_on_splits(name: str, input_splits, output_splits, group) -> None:
@@ -95,7 +95,8 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
     if even:
         output_splits = [input_splits[me]] * n
     elif output_splits is None:
-        output_splits = exchange_splits(input_splits, group, label=f"{label or name}: splits")
+        # n int64 on every rank by construction, and the ranks were checked above: no second check
+        output_splits = exchange_splits(input_splits, group, label=f"{label or name}: splits", check=False)
     else:
         output_splits = check_splits("output_splits", output_splits, sum(int(v) for v in output_splits), n)
         if check:
