@@ -43,8 +43,7 @@ class MLPConfig:
 
     def __post_init__(self):
         for name in ("in_features", "hidden", "out_features", "num_layers"):
-            hint = "layers in the stack" if name == "num_layers" else "features: a zero-width layer trains nothing"
-            check_int(getattr(self, name), name, context="MLPConfig", hint=hint)
+            check_int(getattr(self, name), name, context="MLPConfig", hint="a zero-width layer trains nothing")
 
     @property
     def dims(self) -> list[int]:
@@ -97,14 +96,10 @@ class GPTConfig:
     flash: bool = False  # F.scaled_dot_product_attention instead of the written-out attention
 
     def __post_init__(self):
-        # 0 blocks or an empty vocabulary is a shape the formulas use to count one part alone
-        # (`replace(cfg, n_layer=0)`: the head); a GPT built from it refuses it (`GPT.__init__`)
-        for name, least, hint in (("vocab_size", 0, "tokens in the vocabulary"),
-                                  ("block_size", 1, "the longest sequence"),
-                                  ("n_layer", 0, "transformer blocks"), ("n_head", 1, "attention heads"),
-                                  ("n_embd", 1, "channels per position")):
-            check_int(getattr(self, name), name, minimum=least, context="GPTConfig", hint=hint)
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+        # 0 blocks or no vocabulary: a shape the formulas count one part with; GPT(config) refuses it
+        for name, least in (("vocab_size", 0), ("block_size", 1), ("n_layer", 0), ("n_head", 1), ("n_embd", 1)):
+            check_int(getattr(self, name), name, minimum=least, context="GPTConfig")
+        if not (isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1):
             raise ValueError(f"GPTConfig: dropout={self.dropout!r}; pass a probability in [0, 1)")
         if self.n_embd % self.n_head:
             raise ValueError(
@@ -246,9 +241,8 @@ class GPT(nn.Module):
 
     def __init__(self, config: GPTConfig, seed: int = 0):
         super().__init__()
-        for name in ("n_layer", "vocab_size"):
-            check_int(getattr(config, name), name, context="GPT(config)",
-                      hint="a model needs at least one block and one token; 0 is for counting formulas only")
+        for name in ("n_layer", "vocab_size"):  # 0 is for counting formulas only
+            check_int(getattr(config, name), name, context="GPT(config)", hint="a model needs one at least")
         self.config = config
         with torch.random.fork_rng(devices=[]):  # torch's default init must not move global RNG
             self.embed = Embedding(config)

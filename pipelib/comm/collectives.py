@@ -65,6 +65,9 @@ class _Call:
     def __init__(self, name, tensor, group, op="sum", root=0, check=True, reduce=False, segment_bytes=None,
                  label=None):
         self.dev, self.name, self.group = current(), name, group
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"rank {dist.get_rank()}: {name} takes a torch.Tensor, got {type(tensor).__name__} "
+                            f"{tensor!r:.60}; wrap it, e.g. torch.tensor(...)")
         self.label = name if label is None else f"{name}: {label}"  # the COLLECTIVE event's
         if segment_bytes is not None:
             check_int(segment_bytes, "segment_bytes", minimum=0, context=f"rank {dist.get_rank()}: {name}",

@@ -91,3 +91,15 @@ def ring_bytes_per_rank(numel: int, n: int, itemsize: int = 4, rank: int = 0) ->
     q, r = divmod(numel, n)
     chunk = [q + 1 if i < r else q for i in range(n)]
     return itemsize * (2 * numel - chunk[rank % n] - chunk[(rank + 1) % n])
+
+
+def agree_buckets(ddp) -> None:
+    """Every rank of `ddp.group` holds the same bucket plan (sizes, caps, hook), or all raise an
+    `ArgumentMismatchError` naming each rank's: one small exchange when the plan is made. DDP's
+    all-reduces skip the per-message agreement (check=False), so a rank with other buckets would
+    otherwise send other sizes: a dead rank, or gradients summed with the wrong peers'."""
+    from pipelib.comm.agreement import agree
+
+    agree(f"{type(ddp).__name__} bucket plan", ddp.group, bucket_bytes=ddp.bucket_bytes,
+          first_bucket_bytes=ddp.first_bucket_bytes, comm_hook=ddp.hook.name,
+          buckets=tuple(b.numel for b in ddp.buckets))

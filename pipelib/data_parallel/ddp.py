@@ -25,9 +25,8 @@ Use, on every rank of `group` (the group is an argument, never a global):
 Who sends what: each rank sends 2 (N-1)/N x (the gradients' bytes on the wire) per step in the
 ring all-reduces (exactly `buckets.ring_bytes_per_rank` per bucket); steps 2-4 pay the latency
 once per bucket, step 3 hides the transfer behind backward. Collectives go through chapter 06's
-ring (``comm="pipelib"``, every message on the trace) or gloo's (``comm="gloo"``).
-
-Introduced in chapter 07.
+ring (``comm="pipelib"``, every message on the trace) or gloo's (``comm="gloo"``). Introduced in
+chapter 07; every rank agrees on the bucket plan and the frozen parameters when it wraps.
 """
 from __future__ import annotations
 
@@ -37,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.parallel.distributed as torch_ddp
 
-from pipelib.data_parallel.buckets import check_bucket_bytes, plan_buckets
+from pipelib.data_parallel.buckets import agree_buckets, check_bucket_bytes, plan_buckets
 from pipelib.data_parallel.comm_hooks import comm_hook as comm_hook_of
 from pipelib.data_parallel.overlap import BackwardTimer, CommStream, check_comm, unused_parameters
 from pipelib.data_parallel.replicas import check_same_parameters
@@ -60,7 +59,7 @@ class AllReduceGrads:
         self.n = dist.get_world_size(group)
         self.dev = current()
         self.params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-        check_same_parameters(module, group)  # replicas must start equal
+        check_same_parameters(module, group, comm=self.comm)  # equal replicas, frozen alike, one comm
         self.stream = CommStream(self.dev, group, comm)
 
     def __call__(self, *args, **kwargs):
@@ -94,8 +93,8 @@ class BucketedGrads(AllReduceGrads):
     Same bytes as step 1, far fewer messages: the latency is paid once per bucket. Each bucket
     goes through `comm_hook` (`pipelib.data_parallel.comm_hooks`): divided by N *before* the
     sum, as torch's DDP does, and with ``comm_hook="bf16"`` sent in bfloat16 (half the bytes).
-    `first_bucket_bytes`: the cap of the bucket backward fills first (torch: 1 MiB when its
-    bucket size is left at the default, `FIRST_BUCKET_BYTES`)."""
+    `first_bucket_bytes`: the cap of the bucket backward fills first (torch: 1 MiB when its bucket
+    size is left at the default, `FIRST_BUCKET_BYTES`)."""
 
     def __init__(self, module, group=None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  first_bucket_bytes: int | None = None, comm: str = "pipelib", comm_hook="allreduce"):
@@ -112,6 +111,7 @@ class BucketedGrads(AllReduceGrads):
                                     backward_order=backward_order)
         self.bucket_params = [[self.by_name[n] for n in b.names] for b in self.buckets]
         self.bucket_of = {id(p): b for b, ps in enumerate(self.bucket_params) for p in ps}
+        agree_buckets(self)  # the all-reduces skip the per-message check: agree on the plan once
 
     def flatten(self, index: int) -> torch.Tensor:
         """Bucket `index`'s gradients copied into one flat tensor (zeros for a missing one)."""

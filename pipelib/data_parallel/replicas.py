@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from pipelib.runtime.device import current
 
-_SIGNATURE = 3  # parameters, elements, checksum of (name, shape, dtype)
+_SIGNATURE = 5  # parameters, elements, trainable ones, checksum of (name, shape, dtype, requires_grad), settings
 
 
 def _group_facts(group, what: str):
@@ -45,9 +45,13 @@ def _all_gather_ints(row: torch.Tensor, group, n: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _signature(params, device) -> torch.Tensor:
-    text = ";".join(f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in params)
-    return torch.tensor([len(params), sum(p.numel() for _, p in params), zlib.crc32(text.encode())],
+def _signature(params, device, settings: dict) -> torch.Tensor:
+    """A frozen parameter is part of the structure: a rank that freezes another set all-reduces
+    other gradients than its peers (or fewer), a silent mix or a hang. `settings`: the wrapper's
+    arguments that must match too (its `comm`), agreed in the same message."""
+    text = ";".join(f"{name}:{tuple(p.shape)}:{p.dtype}:{p.requires_grad}" for name, p in params)
+    return torch.tensor([len(params), sum(p.numel() for _, p in params), sum(p.requires_grad for _, p in params),
+                         zlib.crc32(text.encode()), zlib.crc32(repr(sorted(settings.items())).encode())],
                         dtype=torch.int64, device=device)
 
 
@@ -62,25 +66,35 @@ def _flat_bytes(params, device) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     return (torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8, device=device)), spans
 
 
-def check_same_parameters(module: torch.nn.Module, group=None) -> int:
+def check_same_parameters(module: torch.nn.Module, group=None, **settings) -> int:
     """Raise a ValueError on every rank of `group` unless all ranks hold bit-for-bit the same
     parameters as group rank 0; return the number of parameter elements checked.
 
     The error names the first differing parameter and the ranks whose copy differs, and says
     what to change: build the model from the same seed on every rank, or copy rank 0's weights
     with `broadcast_parameters(module, group)` before wrapping. Runs on every rank of the group
-    (a collective); costs one broadcast of the parameters' bytes, before any training."""
+    (a collective); costs one broadcast of the parameters' bytes, before any training. The
+    keyword `settings` (a wrapper's arguments, e.g. comm="gloo") must be equal on every rank too:
+    else `pipelib.comm.agreement.ArgumentMismatchError` names each rank's value."""
     n, me, glob = _group_facts(group, "check_same_parameters")
     params = list(module.named_parameters())
     if n == 1:
         return sum(p.numel() for _, p in params)
     device = current().torch_device  # where the backend's collectives run: the GPU under NCCL
-    sigs = _all_gather_ints(_signature(params, device), group, n)
+    sigs = _all_gather_ints(_signature(params, device, settings), group, n)
+    if bool((sigs[:, :-1] == sigs[0, :-1]).all()) and not bool((sigs[:, -1] == sigs[0, -1]).all()):
+        from pipelib.comm.agreement import agree
+
+        agree(type(module).__name__ + " wrapper", group, **settings)  # every rank is here: names the values
     if not bool((sigs == sigs[0]).all()):
-        rows = ", ".join(f"rank {g}: {int(s[0])} parameters, {int(s[1])} elements" for g, s in zip(glob, sigs))
+        rows = ", ".join(f"rank {g}: {int(s[0])} parameters ({int(s[2])} trainable), {int(s[1])} elements"
+                         for g, s in zip(glob, sigs))
+        frozen = [name for name, p in params if not p.requires_grad]
         raise ValueError(f"check_same_parameters: the ranks' models differ in structure (parameter names, "
-                         f"shapes or dtypes): {rows}. Build the same model (same config) on every rank "
-                         f"of the group before wrapping it.")
+                         f"shapes, dtypes or which are frozen): {rows}; frozen on rank {dist.get_rank()}: "
+                         f"{frozen[:6]}{' ...' if len(frozen) > 6 else ''}. Build the same model (same config) "
+                         f"and freeze the same parameters (requires_grad=False) on every rank of the group "
+                         f"before wrapping it.")
     flat, spans = _flat_bytes(params, device)
     theirs = flat.clone()
     dist.broadcast(theirs, glob[0], group=group)

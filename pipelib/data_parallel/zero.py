@@ -65,6 +65,7 @@ from __future__ import annotations
 import torch
 
 from pipelib.comm import collectives as C
+from pipelib.comm.agreement import agree
 from pipelib.data_parallel.zero_formulas import check_stage
 from pipelib.data_parallel.zero_gather import ZeROGather
 from pipelib.data_parallel.zero_memory import ZeROMemory
@@ -107,6 +108,8 @@ class ZeRO(ZeROGather, ZeROMemory, ZeROShards):
         if self.rank < 0:
             raise ValueError(f"rank {dist.get_rank()}: ZeRO on a group this rank is not part of")
         self.replicate = replicate_group
+        agree("ZeRO", group, stage=self.stage, mixed_precision=self.dtype, grad_dtype=self.grad_dtype,  # one message
+              prefetch=prefetch, reshard_after_forward=reshard_after_forward, replicated=replicate_group is not None)
         if check:
             check_same_parameters(model, group)
             if replicate_group is not None:

@@ -208,7 +208,8 @@ def selective_headline(cfg=GPT3_175B, batch: int = 1, seq: int | None = None, *,
     ``fused_attention=True``: the kernel never stores the 5 a s^2 b bytes (module docstring),
     a layer keeps 34 s b h plus a fp32 log-sum-exp (4 a s b), and selective, rerunning the
     kernel's forward for the same FLOPs, saves only the log-sum-exp."""
-    s, b, h, a = seq or cfg.block_size, batch, cfg.n_embd, cfg.n_head
+    s, b, h, a = cfg.block_size if seq is None else seq, batch, cfg.n_embd, cfg.n_head
+    check_activation_args("selective_headline", b, s)
     kept = 34 * s * b * h
     lse = STATS_BYTES * a * s * b
     full = kept + lse if fused_attention else megatron_layer_activation_bytes(cfg, b, s)

@@ -7,6 +7,8 @@
 - `progress`: one line per start-up phase while a notebook waits for its cluster;
 - `errors`: `RankError`, `RankDiedError`, `RankTimeoutError`: faults as errors naming the rank;
 - `gather`: `wait_for_ranks`, how `Cluster.run` waits: deaths, errors and stalls become errors;
+- `faults`: when a cluster can no longer be used (a torch.distributed group that timed out or
+  lost a connection): every later call says so in one line, naming `cluster.restart()`;
 - `registry`: the running clusters of this process, stopped at interpreter exit;
 - `watchdog`: kills a cluster's processes when the kernel that owns it is killed;
 - `device`: `DeviceSpec` and `Device`, one per rank (`current()`): sim, cpu or cuda;

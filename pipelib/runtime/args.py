@@ -8,11 +8,23 @@ Introduced in chapter 04.
 """
 from __future__ import annotations
 
+import math
+
 from pipelib.checks import check_int
 from pipelib.runtime.device import DeviceSpec
 
 MAX_WORLD_SIZE = 64  # engines on one machine; more would only wait for the same few cores
 DEFAULT_TIMEOUT = 60.0  # seconds for one `Cluster.run` and one torch.distributed operation
+MIN_TIMEOUT = 0.5  # below this gloo cannot even connect its ranks (a 1 ms timeout fails in init)
+
+
+def check_timeout(value, name: str = "timeout", minimum: float = MIN_TIMEOUT) -> float:
+    """`value` as a float if it is a finite number of seconds >= `minimum`; else a ValueError."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not (ok and value > 0 and value >= minimum):
+        raise ValueError(f"{name} must be a positive number of seconds (finite, at least {minimum:g}), "
+                         f"got {value!r}")
+    return float(value)
 
 
 def validate_args(world_size, device, profile, clock, timeout, track_memory=None) -> DeviceSpec:
@@ -22,16 +34,16 @@ def validate_args(world_size, device, profile, clock, timeout, track_memory=None
     if world_size > MAX_WORLD_SIZE:
         raise ValueError(f"Cluster: world_size={world_size}; pass at most {MAX_WORLD_SIZE} "
                          f"(ranks, one engine each, all on this machine)")
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    check_timeout(timeout)
     spec = DeviceSpec(device, profile, clock, track_memory)
     if device == "cuda":
         import torch
 
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if have < world_size:
+            fewer = f"Use world_size <= {have}, or" if have else "Use"
             raise ValueError(
                 f"device='cuda' needs one GPU per rank: world_size={world_size} but this machine "
-                f"has {have} GPU(s). Use world_size <= {have}, or device='sim' to simulate GPUs."
+                f"has {have} GPU(s). {fewer} device='sim' to simulate GPUs."
             )
     return spec

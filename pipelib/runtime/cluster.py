@@ -32,9 +32,10 @@ import time
 import psutil
 
 from pipelib.runtime import engine, rendezvous, watchdog
-from pipelib.runtime.args import DEFAULT_TIMEOUT, validate_args
+from pipelib.runtime.args import DEFAULT_TIMEOUT, check_timeout, validate_args
 from pipelib.runtime.beacon import Activity
 from pipelib.runtime.errors import ClusterError
+from pipelib.runtime.faults import unusable_message
 from pipelib.runtime.progress import StartupProgress
 from pipelib.runtime.registry import LiveClusters
 from pipelib.trace import Trace
@@ -64,6 +65,7 @@ class Cluster:
                  start_timeout: float = 120.0, track_memory: bool | None = None,
                  progress: bool | None = None):
         self.spec = validate_args(world_size, device, profile, clock, timeout, track_memory)
+        start_timeout = check_timeout(start_timeout, "start_timeout", minimum=1.0)
         self.world_size, self.timeout, self.start_timeout = world_size, float(timeout), start_timeout
         self.client = self.view = self._ipp = self._watchdog = self._rundir = None
         self._broken: str | None = None
@@ -199,6 +201,8 @@ class Cluster:
     def run_on(self, ranks, fn, *args, timeout: float | None = None, **kwargs) -> list:
         """Call fn on some ranks only; one result per listed rank."""
         self._check_usable()
+        if timeout is not None:
+            check_timeout(timeout, "run: timeout", minimum=0.0)
         ranks = list(ranks)
         bad = [r for r in ranks if not 0 <= r < self.world_size]
         if bad:
@@ -246,7 +250,7 @@ class Cluster:
         if not self.running:
             raise ClusterError("the cluster is stopped; call cluster.start() or cluster.restart()")
         if self._broken:
-            raise ClusterError(f"the cluster is unusable after: {self._broken}\nCall cluster.restart().")
+            raise ClusterError(unusable_message(self._broken))
 
     def _gather(self, ars, name, timeout, ranks=None):
         """Wait for one AsyncResult per rank (`pipelib.runtime.gather`)."""

@@ -13,6 +13,7 @@ import time
 
 from pipelib.runtime.errors import (RankDiedError, RankError, RankTimeoutError, died_message, raised_message,
                                     stuck_message)
+from pipelib.runtime.faults import broken_by, stopped_in_communication
 
 
 def _interrupt(cluster, ranks) -> None:
@@ -54,7 +55,11 @@ def wait_for_ranks(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
         if pending:
             cluster.client.wait(list(pending.values()), timeout=0.05)
     if errors:
-        raise RankError(raised_message(errors, name), errors)
+        why = broken_by(errors, name)
+        if why:
+            cluster._broken = why
+        raise RankError(raised_message(errors, name) + (
+            f"\nThe process group is dead ({why}): call cluster.restart() to continue." if why else ""), errors)
     return [results[r] for r in ranks]
 
 
@@ -67,4 +72,22 @@ def _fail_pending(cluster, pending, name, timeout, errors):
         cluster.client.wait(list(pending.values()), timeout=0.1)
     if any(not ar.ready() for ar in pending.values()):
         cluster._broken = f"rank(s) {stuck} stuck in {name}"
+    else:  # returned: from plain Python the cluster stays usable, from torch.distributed it does not
+        inside = [r for r, ar in pending.items() if stopped_in_communication(_error_of(ar))]
+        if inside:
+            cluster._broken = (f"rank(s) {inside} timed out inside torch.distributed in {name} "
+                               f"(gloo closes a connection that timed out)")
     raise RankTimeoutError(stuck_message(stuck, name, timeout, acts, errors, bool(cluster._broken)), stuck)
+
+
+def _error_of(ar):
+    """The RemoteError a finished AsyncResult holds, or None."""
+    from ipyparallel.error import RemoteError
+
+    try:
+        ar.get(timeout=0)
+    except RemoteError as e:
+        return e
+    except Exception:  # noqa: BLE001 - an engine error is a death, handled elsewhere
+        return None
+    return None

@@ -66,7 +66,7 @@ def looped_rank_ops(p: int, m: int, v: int, rank: int, *, zero_bubble: bool,
     Call `microbatches_per_round` first: m must be a whole number of rounds. `per_round`
     (default: torch's, `microbatches_per_round`) is Llama 3's tunable N.
     """
-    per_round = per_round or m // max(1, m // p)
+    per_round = m // max(1, m // p) if per_round is None else per_round
     hops = 1 if zero_bubble else 2
     warmup = min((v - 1) * per_round + hops * (p - 1 - rank), m * v)
     next_mb: Counter = Counter()
