@@ -67,8 +67,11 @@ def book_memory(model: ModelSpec, lay: Strategy, m: int) -> dict:
         outside = gpt_activation_bytes(cfg, b, s, F32) - layers * gpt_layer_activation_bytes(cfg, b, s, F32)
         logits = F32 * b * s * model.vocab
         acts = blocks + outside - logits + logits // t
+    # ZeRO-3 gathers a unit's whole parameters before its module runs and frees them after
+    # (no prefetch in the trainer): at the peak, one block's are whole beside the shards
+    gathered = F32 * (model.layer_split_params() // t + model.layer_replicated_params()) if lay.zero == 3 else 0
     return {"parameters": states.params, "gradients": states.grads, "optimizer": opt,
-            "activations": acts, "buffers": 0}
+            "activations": acts, "buffers": gathered}
 
 
 def stage_microbatch_bytes(model: ModelSpec, lay: Strategy, stage: int, num_stages: int) -> int:
