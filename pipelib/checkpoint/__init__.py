@@ -12,5 +12,6 @@ the pieces again for any layout, so a run saved on one mesh resumes on another.
 - `rng`: every random state of a rank (torch CPU, CUDA, Python, numpy);
 - `state`: a parallelized model and its optimizer (DDP, ZeRO 0-3, TP, pipeline) as pieces;
 - `training`: save and load one run's training state; what may not change across a resume;
-- `resume`: the trainer's loop with checkpoints, resumed from the latest committed step.
+- `resume`: the trainer's loop with checkpoints, resumed from the latest committed step;
+- `dcp`: torch.distributed.checkpoint beside it: the same tensors, conversions both ways.
 """

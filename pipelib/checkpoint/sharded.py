@@ -75,12 +75,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def save_sharded(root: str, step: int, tensors: dict, *, extra: dict | None = None, meta: dict | None = None,
                  fixed: dict | None = None, keep: int | None = None, fault=None, algorithm: str = "sha256",
-                 group=None, sync: bool = True) -> SaveResult:
+                 group=None, sync: bool = True, alone: bool = False) -> SaveResult:
     """Save this rank's `tensors` ({key: (local tensor, Piece)}) as step `step` under `root`;
     `meta` and `fixed` are taken from rank 0. `fault(event)` is called before each step of
-    the write (a test's crash). Returns this rank's `SaveResult`."""
+    the write (a test's crash). `alone=True`: this process is the only rank (a conversion),
+    whatever process group exists. Returns this rank's `SaveResult`."""
     t0 = time.perf_counter()
-    rank, world = _rank_world(group)
+    rank, world = (0, 1) if alone else _rank_world(group)
     directory = step_dir(root, step)
     if is_committed(directory):
         raise FileExistsError(f"save: step {step} is already committed in {directory}; a checkpoint is never "

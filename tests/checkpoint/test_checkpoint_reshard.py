@@ -98,6 +98,7 @@ def _scenarios():
         "resume_ddp": lambda p: _resume(p, "rddp", Plan(dp=4)),
         "resume_zero3": lambda p: _resume(p, "rz3", Plan(dp=4, data_parallel="zero3")),
         "resume_1f1b": lambda p: _resume(p, "r1f1b", Plan(pp=2, dp=2, microbatches=2)),
+        "dcp": _dcp,
     }
 
 
@@ -159,3 +160,42 @@ def test_resume_after_a_crash_is_bit_for_bit(runs, name):
     assert f["crashed"] and f["start"] == 2
     assert len(f["whole"]) == 4 and f["resumed"] == f["whole"][2:], (f["whole"], f["resumed"])
     assert f["params_differ"] == []
+
+
+def _dcp(path):
+    """DDP on 4 ranks: pipelib's checkpoint and DCP's of the same state (every rank calls
+    `dcp.save`, which writes replicated tensors once), read back whole in one process; and
+    ZeRO-3's sharded checkpoint converted to DCP and back."""
+    from pipelib.checkpoint.dcp import dcp_load_whole, dcp_save_whole, from_dcp, to_dcp
+    from pipelib.checkpoint.resume import equal_state, train_resumable
+    from pipelib.checkpoint.sharded import load_whole
+    from pipelib.checkpoint.state import capture
+    from pipelib.checkpoint.training import load_training
+    from pipelib.parallelize import Plan, parallelize
+    from pipelib.runtime.mesh import Mesh
+
+    recipe, plan = _recipe(2), Plan(dp=4)
+    root, ours = os.path.join(path, "dcp", "pipelib"), os.path.join(path, "dcp", "torch")
+    train_resumable(recipe, plan, root, save_every=2)
+    par = parallelize(recipe.build(), Mesh(plan.topology()), plan, optimizer=recipe.make_optimizer)
+    opt = par.make_optimizer(recipe.make_optimizer)
+    load_training(par, opt, root, recipe=recipe)
+    dcp_save_whole({k: t for k, (t, _) in capture(par, opt).items()}, ours)
+    dist.barrier()
+    if dist.get_rank() != 0:
+        return {}
+    mine, theirs = load_whole(root), dcp_load_whole(ours)
+    sharded = os.path.join(path, "z342", "a")  # ZeRO-3 on 4 ranks, from the resharding scenario
+    to_dcp(sharded, os.path.join(path, "dcp", "z3.dcp"))
+    back = os.path.join(path, "dcp", "z3-back")
+    from_dcp(os.path.join(path, "dcp", "z3.dcp"), back)
+    return {"keys": len(mine), "dcp_differ": equal_state(mine, theirs),
+            "round_trip_differ": equal_state(load_whole(sharded), load_whole(back)),
+            "files": sorted(os.listdir(ours))}
+
+
+def test_pipelib_and_dcp_checkpoints_of_the_same_state_hold_the_same_tensors(runs):
+    f = _facts(runs, "dcp")
+    assert f["keys"] > 0 and f["dcp_differ"] == []
+    assert f["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
+    assert f["round_trip_differ"] == [], "ZeRO-3's checkpoint -> DCP -> pipelib changed tensors"
