@@ -73,10 +73,10 @@ def dcp_load_whole(path: str, keys=None) -> dict:
     state = {k: (torch.empty(info[k][0], dtype=info[k][1]) if info[k] is not None else io.BytesIO()) for k in keys}
     with _one_process():
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=True)
-    return {k: (v if torch.is_tensor(v) else _decode(v)) for k, v in state.items()}
+    return {k: (v if torch.is_tensor(v) else _json_entry(v)) for k, v in state.items()}
 
 
-def _decode(v):
+def _json_entry(v):
     """A JSON entry as DCP hands it back: into a BytesIO, torch-saved (read with weights_only)."""
     if isinstance(v, io.BytesIO):
         v.seek(0)
