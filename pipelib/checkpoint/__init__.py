@@ -13,5 +13,7 @@ the pieces again for any layout, so a run saved on one mesh resumes on another.
 - `state`: a parallelized model and its optimizer (DDP, ZeRO 0-3, TP, pipeline) as pieces;
 - `training`: save and load one run's training state; what may not change across a resume;
 - `resume`: the trainer's loop with checkpoints, resumed from the latest committed step;
-- `dcp`: torch.distributed.checkpoint beside it: the same tensors, conversions both ways.
+- `dcp`: torch.distributed.checkpoint beside it: the same tensors, conversions both ways;
+- `crashes`: a crash injected at every step of a save, and what the loader then finds;
+- `interval`: how often to save: Young's and Daly's intervals, the share of time lost.
 """

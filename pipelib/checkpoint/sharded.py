@@ -74,7 +74,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def save_sharded(root: str, step: int, tensors: dict, *, extra: dict | None = None, meta: dict | None = None,
-                 fixed: dict | None = None, keep: int | None = None, fault=None, algorithm: str = "sha256",
+                 fixed: dict | None = None, keep: int | None = None, fault=None, algorithm: str = "crc32",
                  group=None, sync: bool = True, alone: bool = False) -> SaveResult:
     """Save this rank's `tensors` ({key: (local tensor, Piece)}) as step `step` under `root`;
     `meta` and `fixed` are taken from rank 0. `fault(event)` is called before each step of

@@ -53,7 +53,7 @@ def grid_group(mesh):
 
 
 def save_training(par, opt, root: str, step: int, *, recipe=None, keep: int | None = 2, fault=None,
-                  algorithm: str = "sha256", group=None):
+                  algorithm: str = "crc32", group=None):
     """Every rank of `par`'s mesh: save the training state after `step` optimizer steps as
     `root/step-NNNNNNNN` (`pipelib.checkpoint.sharded.save_sharded`); this rank's SaveResult.
     `group`: the ranks saving (`grid_group(mesh)` when the grid is smaller than the world)."""
