@@ -50,3 +50,14 @@ def daly_interval(save_s: float, mtbf_s: float) -> float:
 def lost_fraction(interval_s: float, save_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
     """The first-order share of time lost to saves, recomputed work and restarts."""
     return save_s / interval_s + (interval_s + save_s) / (2 * mtbf_s) + restart_s / mtbf_s
+
+
+def fit_save_time(mib, seconds) -> tuple[float, float]:
+    """Least squares of measured save times against sizes: (fixed seconds, seconds per MiB);
+    1 / slope is the bandwidth of a save, the fixed part its fsyncs, renames and manifest."""
+    xs, ys = list(mib), list(seconds)
+    if len(xs) < 2 or len(set(xs)) < 2:
+        raise ValueError(f"fit_save_time: need two sizes or more, got {xs}")
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope

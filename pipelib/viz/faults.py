@@ -1,0 +1,46 @@
+"""Figures of chapter 18: what a checkpoint costs, and how often to take one.
+
+`lost_time_figure(intervals_s, lost, young_s, daly_s)` draws the share of time lost against the
+checkpoint interval (saves on the left, recomputed work on the right), with Young's and Daly's
+optima marked; `save_time_figure(rows)` draws measured save times against the state's size,
+with the fitted line whose slope is the bandwidth of a save.
+
+Pure layer: plotly and the pure arithmetic of `pipelib.checkpoint.interval`; the numbers come
+from measured saves.
+Introduced in chapter 18.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+
+def lost_time_figure(intervals_s, lost, young_s: float, daly_s: float, lost_young: float,
+                     title: str = "Time lost against the checkpoint interval") -> go.Figure:
+    """intervals_s, lost: the curve (seconds, fractions); Young's and Daly's intervals marked."""
+    minutes = [t / 60 for t in intervals_s]
+    fig = go.Figure(go.Scatter(x=minutes, y=[100 * f for f in lost], mode="lines", name="lost (first order)",
+                               hovertemplate="every %{x:.1f} min: %{y:.2f} % lost<extra></extra>"))
+    for name, t, dash in (("Young", young_s, "dash"), ("Daly", daly_s, "dot")):
+        fig.add_vline(x=t / 60, line_dash=dash, annotation_text=f"{name}: {t / 60:.1f} min",
+                      annotation_position="top right" if name == "Young" else "bottom right")
+    fig.add_trace(go.Scatter(x=[young_s / 60], y=[100 * lost_young], mode="markers", name="optimum",
+                             marker=dict(size=10)))
+    fig.update_layout(title=title, xaxis_title="checkpoint interval (minutes)", yaxis_title="time lost (%)",
+                      xaxis_type="log", height=380, margin=dict(l=60, r=20, t=50, b=50))
+    return fig
+
+
+def save_time_figure(rows: list[dict], title: str = "Save time against the state's size") -> go.Figure:
+    """rows: {"mib": size, "seconds": measured save time}; a least-squares line through them."""
+    from pipelib.checkpoint.interval import fit_save_time
+
+    xs, ys = [r["mib"] for r in rows], [r["seconds"] for r in rows]
+    fixed, slope = fit_save_time(xs, ys)
+    fig = go.Figure(go.Scatter(x=xs, y=[1e3 * y for y in ys], mode="markers", name="measured",
+                               hovertemplate="%{x:.0f} MiB: %{y:.1f} ms<extra></extra>"))
+    line = [fixed + slope * x for x in (min(xs), max(xs))]
+    fig.add_trace(go.Scatter(x=[min(xs), max(xs)], y=[1e3 * v for v in line], mode="lines",
+                             name=f"fit: {1 / slope:.0f} MiB/s" if slope > 0 else "fit", line_dash="dash"))
+    fig.update_layout(title=title, xaxis_title="state saved (MiB)", yaxis_title="save time (ms)", height=360,
+                      margin=dict(l=60, r=20, t=50, b=50))
+    return fig
