@@ -35,6 +35,7 @@ PURE = [
     "pipelib.viz.ddp", "pipelib.recompute.offload", "pipelib.data_parallel.zero_family", "pipelib.planner",
     "pipelib.planner.spec", "pipelib.planner.strategy",
     "pipelib.planner.memory", "pipelib.planner.timing", "pipelib.planner.search", "pipelib.planner.book",
+    "pipelib.viz.experts", "pipelib.expert_parallel.policies", "pipelib.expert_parallel.sizes",
 ]
 
 # Run in a fresh interpreter: import one module and report what it pulled in.

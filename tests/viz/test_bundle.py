@@ -106,6 +106,9 @@ SAMPLES = {
     "variants_figure": lambda: viz.variants_figure(
         {"ring": {"bytes": 3 * 2**16, "peak_memory": 2**20, "time": 2e-3},
          "ulysses": {"bytes": 2**16, "peak_memory": 2**21, "time": 1.5e-3}}),
+    "traffic_figure": lambda: viz.traffic_figure([[[0, 3], [1, 0]], [[2, 5], [2, 0]]]),
+    "load_figure": lambda: viz.load_figure({"none": [1.5, 4.0], "bias": [1.5, 2.0]}),
+    "drop_rate_figure": lambda: viz.drop_rate_figure([0.5, 1.0], {"none": [0.5, 0.25]}),
     "explorer_figures": lambda: explorer.explorer_figures("zbv", 4, 8),
     "explorer_sweep": lambda: explorer.explorer_sweep("m", [2, 4, 8], schedule="1f1b", p=4),
 }
