@@ -79,3 +79,21 @@ def equal_state(a: dict, b: dict) -> list[str]:
     names = sorted(set(a) | set(b))
     return [n for n in names if n not in a or n not in b or a[n].shape != b[n].shape
             or not torch.equal(a[n], b[n])]
+
+
+def load_params(recipe, plan, root: str, *, step: int | None = None, mesh=None) -> dict | None:
+    """On every rank: build `recipe`'s model under `plan`, load the checkpoint under `root` into
+    it (any saved layout) and return the parameters this rank holds, whole (`Parallel.unshard`);
+    None off the grid. What a resharded resume starts from."""
+    from pipelib.parallelize import parallelize
+    from pipelib.runtime.mesh import Mesh
+
+    mesh = Mesh(plan.topology()) if mesh is None else mesh
+    if not mesh.contains:
+        return None
+    par = parallelize(recipe.build().to(mesh.dev.torch_device), mesh, plan, optimizer=recipe.make_optimizer)
+    try:
+        load_training(par, par.make_optimizer(recipe.make_optimizer), root, recipe=recipe, step=step)
+        return {k: t.cpu() for k, t in par.unshard("data").items()}
+    finally:
+        par.close()
