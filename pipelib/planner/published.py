@@ -3,12 +3,16 @@ and the utilisation it predicts beside the published one (chapter 15).
 
 Sources (each row's `source`):
 
-- GPT-3 175B on 1024 A100s: Narayanan et al. 2021, "Efficient Large-Scale Language Model
-  Training on GPU Clusters Using Megatron-LM" (SC '21, arXiv:2104.04473), Table 1: tensor 8 x
-  pipeline 8 x data 16, global batch 1536 sequences of 2048, 163 TFLOP/s per GPU, 52% of the
-  A100's 312 TFLOP/s. Their count (eq. 3) includes the forward pass that full recomputation
-  runs again: it is a *hardware* FLOPs utilisation. Selene's nodes: 8 A100s on NVLink 3, eight
-  200 Gb/s HDR InfiniBand ports a node (25 GB/s a GPU).
+- Megatron-LM on Selene: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training
+  on GPU Clusters Using Megatron-LM" (SC '21, arXiv:2104.04473). Table 1 (weak scaling; GPT
+  models of vocabulary 51,200 and sequences of 2048): the 145.6B model (80 layers, hidden
+  12,288, 96 heads) at tensor 8 x pipeline 8 on 1536 A100s, batch 2304, 148 TFLOP/s per GPU,
+  47% of the A100's 312 TFLOP/s; the 1T model (128 layers, hidden 25,600, 160 heads) at tensor 8
+  x pipeline 64 on 3072 A100s, batch 3072, 163 TFLOP/s, 52%. Section 5.1: GPT-3 175B on 1024
+  A100s with batch 1536 at 140 TFLOP/s per GPU (45%), its degrees not given (the planner chooses
+  them). Their count (eq. 3) includes the forward pass that full recomputation runs again: a
+  *hardware* FLOPs utilisation; every run used full recomputation. Selene's nodes: 8 A100s on
+  NVLink 3, eight 200 Gb/s HDR InfiniBand ports a node (25 GB/s a GPU).
 - Llama 3 405B on 8,192 and 16,384 H100s: Dubey et al. 2024, "The Llama 3 Herd of Models"
   (arXiv:2407.21783), Table 4: tensor 8 x context 1 x pipeline 16 x data 64 (resp. 128),
   sequences of 8192, 16M tokens a batch (2048 sequences), 430 (resp. 400) TFLOP/s per GPU, a
@@ -21,12 +25,15 @@ Sources (each row's `source`):
 
 What is fitted: one number, `Machine.efficiency`, the fraction of dense peak a large matmul
 reaches (the same for both devices), chosen so the planner's prediction of the *calibration*
-row equals its published figure (bisection); every other row is then a prediction, and
-`comparison` says how far off. Each row is planned with its published degrees and the
-planner's choice of everything else not published (ZeRO stage, recomputation, microbatch, schedule), and
-ranked among every feasible plan of the whole search. What each paper states beyond the degrees
-is kept (`PublishedRun.known`): Megatron-LM's full recomputation, and for both the 1F1B and
-interleaved schedules of their time (the planner's zero-bubble schedules came later). Pure. Introduced in chapter 15.
+row (the first: Table 1's 145.6B, whose degrees are published) equals its published figure
+(bisection); every other row is then a prediction, and `comparison` says how far off. Each row
+is planned with its published degrees (where published) and the planner's choice of everything
+else not published (ZeRO stage, recomputation, microbatch, schedule), and ranked among every
+feasible plan of the whole search. What each paper states beyond the degrees is kept
+(`PublishedRun.known`): Megatron-LM's full recomputation and unsharded data parallelism (its
+distributed optimizer came later), and for both the 1F1B and interleaved
+schedules of their time (the planner's zero-bubble schedules came later). Pure. Introduced in
+chapter 15.
 """
 from __future__ import annotations
 
@@ -39,6 +46,9 @@ from pipelib.planner.timing import hardware_flops_per_token
 
 UTILISATION = ("model", "hardware")  # what the published FLOP count includes: the model's, or also recomputation's
 
+# Narayanan et al. 2021, Table 1's 145.6B and 1T models (vocabulary 51,200, sequences of 2048)
+MEGATRON_146B = ModelSpec("GPT 145.6B", n_layer=80, hidden=12288, n_head=96, vocab=51200, seq_len=2048)
+MEGATRON_1T = ModelSpec("GPT 1T", n_layer=128, hidden=25600, n_head=160, vocab=51200, seq_len=2048)
 # Llama 3 405B (Dubey et al. 2024, table 3), planned as 128 layers (module docstring)
 LLAMA3_405B_STAGED = ModelSpec("Llama 3 405B (126 layers planned as 128)", n_layer=128, hidden=16384, n_head=128,
                                vocab=128256, seq_len=8192, n_kv_head=8, ffn=53248, tied=False, gated=True,
@@ -56,7 +66,7 @@ class PublishedRun:
     machine: Machine
     n_devices: int
     global_batch: int
-    degrees: tuple[int, int, int, int]   # dp, tp, pp, cp
+    degrees: tuple[int, int, int, int] | None   # dp, tp, pp, cp; None where not published
     utilisation: float
     counts: str                          # one of UTILISATION
     source: str
@@ -64,15 +74,21 @@ class PublishedRun:
 
     def allows(self, c: Candidate) -> bool:
         lay = c.layout
-        return ((lay.dp, lay.tp, lay.pp, lay.cp) == self.degrees
+        return ((self.degrees is None or (lay.dp, lay.tp, lay.pp, lay.cp) == self.degrees)
                 and all(getattr(lay, f) in values for f, values in self.known))
 
 
 # the schedules both papers describe (1F1B and its interleaved form); zero-bubble schedules came later
 THEIR_SCHEDULES = ("schedule", ("1f1b", "interleaved_1f1b"))
+# Megatron-LM in 2021: full recomputation, plain data parallelism (no optimizer sharding yet)
+MEGATRON_KNOWN = (THEIR_SCHEDULES, ("recompute", ("full",)), ("zero", (0,)))
 PUBLISHED = (
-    PublishedRun("GPT-3 175B, Megatron-LM", GPT3_175B, SELENE, 1024, 1536, (16, 8, 8, 1), 0.52, "hardware",
-                 "Narayanan et al. 2021, Table 1", known=(THEIR_SCHEDULES, ("recompute", ("full",)))),
+    PublishedRun("GPT 145.6B, Megatron-LM", MEGATRON_146B, SELENE, 1536, 2304, (24, 8, 8, 1), 0.47, "hardware",
+                 "Narayanan et al. 2021, Table 1", known=MEGATRON_KNOWN),
+    PublishedRun("GPT 1T, Megatron-LM", MEGATRON_1T, SELENE, 3072, 3072, (6, 8, 64, 1), 0.52, "hardware",
+                 "Narayanan et al. 2021, Table 1", known=MEGATRON_KNOWN),
+    PublishedRun("GPT-3 175B, Megatron-LM", GPT3_175B, SELENE, 1024, 1536, None, 140 / 312, "hardware",
+                 "Narayanan et al. 2021, section 5.1", known=MEGATRON_KNOWN),
     PublishedRun("Llama 3 405B, 8,192 GPUs", LLAMA3_405B_STAGED, META_H100, 8192, 2048, (64, 8, 16, 1), 0.43,
                  "model", "Dubey et al. 2024, Table 4", known=(THEIR_SCHEDULES,)),
     PublishedRun("Llama 3 405B, 16,384 GPUs", LLAMA3_405B_STAGED, META_H100, 16384, 2048, (128, 8, 16, 1), 0.41,
@@ -94,10 +110,10 @@ def _ranked(run: PublishedRun, efficiency: float) -> tuple[list[Candidate], int]
     """Every feasible plan, fastest first, and the index of the fastest the run could have used
     (its degrees and what else it published, `PublishedRun.known`)."""
     machine = replace(run.machine, efficiency=efficiency)
-    found = search(run.model, machine, run.n_devices, run.global_batch, cp=(run.degrees[3],))
+    found = search(run.model, machine, run.n_devices, run.global_batch, cp=(run.degrees or (1, 1, 1, 1))[3:])
     at = next((i for i, c in enumerate(found) if run.allows(c)), None)
     if at is None:
-        raise ValueError(f"{run.name}: no feasible plan with dp, tp, pp, cp = {run.degrees} and {dict(run.known)} "
+        raise ValueError(f"{run.name}: no feasible plan with (dp, tp, pp, cp) = {run.degrees} and {dict(run.known)} "
                          f"on {run.n_devices} x {machine.device.name}; the planner finds it does not fit")
     return found, at
 
