@@ -2,7 +2,8 @@
 
 Searches every layout `pipelib.planner.strategys` enumerates for GPT-3 175B on 1024 A100s
 (global batch 1536, Narayanan et al. 2021's run), with context parallelism 1 and 2, and
-reports strategies per second and the search's seconds, beside the machine's load.
+reports strategies per second and the search's seconds, beside the machine's load; then the
+comparison with published runs (`pipelib.planner.published`): its seconds and each row's error.
 
 Target (issue 22): a search over every plan for GPT-3 175B on 1024 GPUs in under 10 s on one
 laptop core.
@@ -22,6 +23,7 @@ from _results import load, write  # noqa: E402
 
 from pipelib.costmodel import LINKS, PROFILES  # noqa: E402
 from pipelib.planner.search import explain, search, strategies  # noqa: E402
+from pipelib.planner.published import comparison  # noqa: E402
 from pipelib.planner.spec import GPT3_175B, Machine  # noqa: E402
 
 
@@ -32,11 +34,18 @@ def main() -> None:
     start = time.perf_counter()
     found = search(*args, cp=(1, 2))
     seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    efficiency, rows = comparison()  # a calibration (a bisection of searches) and a search per published run
+    published_seconds = time.perf_counter() - start
     data = {"model": GPT3_175B.name, "devices": 1024, "strategies": n, "feasible": len(found),
             "search_seconds": seconds, "layouts_per_second": n / seconds, "target_seconds": 10.0,
-            "best": explain(found[0]) if found else None, "load": load()}
+            "best": explain(found[0]) if found else None, "published_seconds": published_seconds,
+            "published_efficiency": efficiency,
+            "published_errors": {r["run"]: r["error"] for r in rows}, "load": load()}
     print(f"{n} strategies ({len(found)} feasible) in {seconds:.2f} s: {n / seconds:,.0f} a second "
           f"(target: the whole search under 10 s); load {data['load']}")
+    print(f"published comparison in {published_seconds:.1f} s (efficiency {efficiency:.1%}): "
+          + ", ".join(f"{r['run']} {r['error']:+.1%}" for r in rows))
     print(write("planner", data))
 
 
