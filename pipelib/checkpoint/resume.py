@@ -16,6 +16,7 @@ Introduced in chapter 18.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -36,11 +37,14 @@ class ResumeResult:
 
 
 def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_every: int = 1,
-                    keep: int | None = 2, mesh=None, crash_after: int | None = None) -> ResumeResult | None:
+                    keep: int | None = 2, mesh=None, crash_after: int | None = None,
+                    kill_rank: int | None = None) -> ResumeResult | None:
     """On every rank: train `recipe` under `plan` up to step `stop` (default `recipe.steps`),
     starting from the latest checkpoint under `root` if any, saving after every `save_every`
     steps. `crash_after=k` raises `RuntimeError` right after step k (its save done, if due):
-    a failure in the middle of a run, for the tests and the chapter."""
+    a failure in the middle of a run, for the tests and the chapter. With `kill_rank=r`, global
+    rank r instead dies (`os._exit`, no cleanup) in the middle of step k + 1, after its
+    forward and backward, before its optimizer step: a process lost, the others left waiting."""
     from pipelib.parallelize import parallelize
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
@@ -60,13 +64,15 @@ def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_ev
         for step in range(start, stop):
             x, y = (t.to(dev.torch_device) for t in recipe.batch(step, dp_rank, plan.dp))
             loss = par.forward_backward(x, y)
+            if kill_rank is not None and step == crash_after and mesh.global_rank == kill_rank:
+                os._exit(1)  # a kill in the middle of a step: no finally, no flush
             opt.step()
             opt.zero_grad(set_to_none=False)
             losses.append(_mean_loss(loss, mesh, par))
             if (step + 1) % save_every == 0 or step + 1 == stop:
                 save_training(par, opt, root, step + 1, recipe=recipe, keep=keep, group=group)
                 saved.append(step + 1)
-            if crash_after is not None and step + 1 == crash_after:
+            if crash_after is not None and kill_rank is None and step + 1 == crash_after:
                 raise RuntimeError(f"crash injected after step {step + 1} (crash_after={crash_after})")
     finally:
         par.close()
