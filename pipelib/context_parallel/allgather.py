@@ -43,7 +43,7 @@ class AllGatherAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, group, layout, causal, stats, tile):
-        n, me, seq = check_shards("allgather_attention", q, k, v, group, layout)
+        n, me, seq = check_shards("allgather_attention", q, k, v, group, layout, causal=causal)
         dev, (B, H, c, D) = current(), q.shape
         mine = tile_pieces(shard_pieces(seq, n, me, layout), tile)
         every = tile_pieces(gathered_pieces(seq, n, layout, c), tile)

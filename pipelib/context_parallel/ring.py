@@ -66,16 +66,19 @@ TAG_KV, TAG_KV_BACK, TAG_DKV = 170, 171, 172
 _FIELDS = MappingProxyType({"stage": None, "microbatch": None})
 
 
-def check_shards(name: str, q, k, v, group, layout: str | None, grouped_kv: bool = False) -> tuple[int, int, int]:
+def check_shards(name: str, q, k, v, group, layout: str | None, grouped_kv: bool = False,
+                 causal: bool | None = None) -> tuple[int, int, int]:
     """Every rank agrees on the shard's shape and dtype, and q, k, v agree here; returns
     (n, rank in group, full sequence length). With `grouped_kv` (grouped-query attention, the
     ring only), k and v may carry fewer heads than q, H_kv dividing H. Raises before any message
-    is sent."""
+    is sent. The ranks also agree on `layout` and `causal` in the same header: a rank with
+    another layout or mask would return a wrong output without an error."""
     n, me = dist.get_world_size(group), dist.get_rank(group)
     if me < 0:
         raise ValueError(f"rank {dist.get_rank()}: {name} on a group this rank is not part of")
-    if q.dim() != 4:
-        raise ValueError(f"rank {dist.get_rank()}: {name}: q has shape {tuple(q.shape)}; pass (B, H, S/n, D)")
+    if q.dim() != 4 or q.shape[1] < 1 or q.shape[3] < 1:
+        raise ValueError(f"rank {dist.get_rank()}: {name}: q has shape {tuple(q.shape)}; pass (B, H, S/n, D) "
+                         f"with at least one head (H >= 1) of head_dim D >= 1")
     for t, what in ((k, "k"), (v, "v")):
         heads_ok = t.dim() == 4 and grouped_kv and t.shape[1] > 0 and q.shape[1] % t.shape[1] == 0
         same = t.shape == q.shape or (heads_ok and t.shape[:1] + t.shape[2:] == q.shape[:1] + q.shape[2:])
@@ -85,7 +88,7 @@ def check_shards(name: str, q, k, v, group, layout: str | None, grouped_kv: bool
             raise ValueError(f"rank {dist.get_rank()}: {name}: q is {tuple(q.shape)} {q.dtype} but {what} is "
                              f"{tuple(t.shape)} {t.dtype}; pass q, k, v shards of one shape (B, H, S/n, D) "
                              f"and one dtype{gqa}")
-    check_same(name, q, group)
+    check_same(name, q, group, settings={"layout": layout, "causal": causal})
     if grouped_kv:
         check_same(name + " (k)", k, group)
     if layout is not None:
@@ -172,7 +175,7 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, group, layout, causal, stats, tile):
-        n, me, seq = check_shards("ring_attention", q, k, v, group, layout, grouped_kv=True)
+        n, me, seq = check_shards("ring_attention", q, k, v, group, layout, grouped_kv=True, causal=causal)
         dev, (B, H, _, D), g = current(), q.shape, q.shape[1] // k.shape[1]
         pieces = [tile_pieces(shard_pieces(seq, n, r, layout), tile) for r in range(n)]
         kv = torch.stack([k, v]).detach()                            # (2, B, H_kv, c, D): one message

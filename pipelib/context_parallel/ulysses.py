@@ -56,7 +56,7 @@ class UlyssesAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, group, layout, causal, stats, tile):
-        n, me, seq = check_shards("ulysses_attention", q, k, v, group, layout)
+        n, me, seq = check_shards("ulysses_attention", q, k, v, group, layout, causal=causal)
         B, H, c, D = q.shape
         if H % n:
             raise ValueError(f"rank {dist.get_rank()}: ulysses_attention: {H} heads do not split over {n} "

@@ -49,7 +49,7 @@ def wait_for_ranks(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
         now = time.monotonic()
         if errors and first_error is None:
             first_error = now
-        stalled = first_error is not None and now - first_error > grace
+        stalled = first_error is not None and now - first_error > grace and _all_started(cluster, pending)
         if pending and (stalled or now > deadline):
             _fail_pending(cluster, pending, name, timeout, errors)
         if pending:
@@ -61,6 +61,15 @@ def wait_for_ranks(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
         raise RankError(raised_message(errors, name) + (
             f"\nThe process group is dead ({why}): call cluster.restart() to continue." if why else ""), errors)
     return [results[r] for r in ranks]
+
+
+def _all_started(cluster, pending) -> bool:
+    """False while a pending rank's beacon still reads "idle": it has not begun this call (a
+    loaded machine starts ranks late), so it is not waiting for a failed peer and the grace
+    after a peer's error does not run out on it; the timeout still does."""
+    from pipelib.runtime.beacon import Activity
+
+    return not any(Activity.read(cluster._activity_path(r))[1] == "idle" for r in pending)
 
 
 def _fail_pending(cluster, pending, name, timeout, errors):

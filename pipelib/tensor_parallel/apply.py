@@ -27,7 +27,7 @@ from pipelib.tensor_parallel.styles import Applying, style_of
 
 
 def apply_tensor_parallel(model: nn.Module, group, plan: dict, *, backend: str = "pipelib",
-                          overlap: bool = False) -> nn.Module:
+                          overlap: bool = False, check_inputs: bool = True) -> nn.Module:
     """Shard `model` in place for this rank of `group` (t = the group's size) following `plan`;
     return it. Errors (unknown module or style, sizes not divisible by t) are raised before any
     weight moves. Each module's style (`pipelib.tensor_parallel.styles`) then splits it, in the
@@ -36,12 +36,21 @@ def apply_tensor_parallel(model: nn.Module, group, plan: dict, *, backend: str =
     g; under a plan with a ``sequence`` style, sequence parallelism. With ``overlap=True`` the
     column-parallel layers hide dX's backward collective behind the weight gradient
     (`pipelib.tensor_parallel.overlap`; Korthikanti et al. §6.2). `model.tp_comm.lanes` times
-    the compute between collectives on a simulated device (`TPLanes.timed`)."""
+    the compute between collectives on a simulated device (`TPLanes.timed`).
+
+    The group's ranks agree once on the plan, backend and overlap (one small exchange); with
+    `check_inputs` the first sharded module checks, once per forward, that every rank feeds it
+    the same shape (the layers' own collectives skip that check: a rank with another batch would
+    otherwise kill its process on a wrong-sized message)."""
     from pipelib.runtime.device import current
     from pipelib.tensor_parallel.overlap import TPLanes
 
+    from pipelib.comm.agreement import agree
+
     comm = TPComm(group, backend, overlap=overlap, lanes=TPLanes(current()))
     matched = validate_plan(model, plan, comm.size)
+    agree("apply_tensor_parallel", group, plan=tuple(sorted((k, str(v)) for k, v in plan.items())),
+          backend=backend, overlap=bool(overlap))
     sp = is_sequence_parallel(plan)
     model.tp_comm, model.tp_sequence_parallel = comm, sp
     todo = sorted(((style_of(plan[k]), n) for k, names in matched.items() for n in names),
@@ -49,7 +58,25 @@ def apply_tensor_parallel(model: nn.Module, group, plan: dict, *, backend: str =
     ctx = Applying(comm, sp)
     for style, name in todo:
         style.apply(model, name, model.get_submodule(name), ctx)
+    if check_inputs and comm.size > 1 and todo:
+        order = {n: i for i, (n, _) in enumerate(model.named_modules())}
+        first = min((n for _, n in todo), key=lambda n: order.get(n, len(order)))
+        model.get_submodule(first).register_forward_pre_hook(_SameInput(f"tensor-parallel input of {first}", group))
     return model
+
+
+class _SameInput:
+    """A forward pre-hook: every rank of the group feeds the module the same shape and dtype
+    (`check_same`, one small message per forward), or all raise naming each rank's shape."""
+
+    def __init__(self, name: str, group):
+        self.name, self.group = name, group
+
+    def __call__(self, module, args):
+        from pipelib.comm.agreement import check_same
+
+        if args and isinstance(args[0], torch.Tensor):
+            check_same(self.name, args[0], self.group)
 
 
 def sequence_parallel_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
