@@ -36,6 +36,7 @@ PURE = [
     "pipelib.planner.spec", "pipelib.planner.strategy",
     "pipelib.planner.memory", "pipelib.planner.timing", "pipelib.planner.search", "pipelib.planner.book",
     "pipelib.viz.experts", "pipelib.expert_parallel.policies", "pipelib.expert_parallel.sizes",
+    "pipelib.planner.orders", "pipelib.planner.published", "pipelib.viz.mesh",
 ]
 
 # Run in a fresh interpreter: import one module and report what it pulled in.

@@ -16,6 +16,7 @@ from pipelib.hardware.roofline import MeasuredOp, Roofline
 from pipelib.pipeline import explorer
 from pipelib.pipeline.schedules import make_schedule
 from pipelib.pipeline.simulate import Costs, simulate
+from pipelib.topology import Topology
 from pipelib.trace import Event, Kind, Trace
 from pipelib.viz.display import figure_bundle, frame_ms
 
@@ -109,9 +110,28 @@ SAMPLES = {
     "traffic_figure": lambda: viz.traffic_figure([[[0, 3], [1, 0]], [[2, 5], [2, 0]]]),
     "load_figure": lambda: viz.load_figure({"none": [1.5, 4.0], "bias": [1.5, 2.0]}),
     "drop_rate_figure": lambda: viz.drop_rate_figure([0.5, 1.0], {"none": [0.5, 0.25]}),
+    "mesh_figure": lambda: viz.mesh_figure(Topology(dp=2, tp=2, pp=2), gpus_per_node=4),
+    "axis_timeline_figure": lambda: viz.axis_timeline_figure(Trace(
+        [Event(0, Kind.COMPUTE, "F", 0.0, 1.0), Event(0, Kind.COLLECTIVE, "all_reduce", 1.0, 1.5, bytes=64, axis="tp"),
+         Event(1, Kind.TRANSFER, "act", 1.0, 1.2, bytes=32, peer=0, axis="pp")], 2)),
+    "orders_figure": lambda: viz.orders_figure(
+        [{"order": o, "axis": a, "measured": 1e-3, "predicted": 1.1e-3} for o in ("pp>dp>tp", "dp>pp>tp")
+         for a in ("dp", "pp")]),
+    "rank_memory_figure": lambda: viz.rank_memory_figure(
+        [4 * 2**20, 2 * 2**20], [{"parameters": 2**20, "activations": 3 * 2**20}, {"parameters": 2**20}]),
+    "plans_figure": lambda: viz.plans_figure(_plans()[:3]),
+    "plans_explorer_figure": lambda: viz.plans_explorer_figure({"GPT-3": _plans()[:3], "again": _plans()[3:5]}),
     "explorer_figures": lambda: explorer.explorer_figures("zbv", 4, 8),
     "explorer_sweep": lambda: explorer.explorer_sweep("m", [2, 4, 8], schedule="1f1b", p=4),
 }
+
+
+def _plans():
+    from pipelib.costmodel import LINKS, PROFILES
+    from pipelib.planner.search import search
+    from pipelib.planner.spec import GPT3_175B, Machine
+
+    return search(GPT3_175B, Machine(PROFILES["a100"], 8, LINKS["ib-ndr"]), 1024, 1536)[:5]
 
 
 def _figure_functions() -> set[str]:
