@@ -47,6 +47,10 @@ def apply_tensor_parallel(model: nn.Module, group, plan: dict, *, backend: str =
 
     from pipelib.comm.agreement import agree
 
+    if getattr(model, "tp_comm", None) is not None:
+        raise ValueError(f"apply_tensor_parallel: this {type(model).__name__} is already split (it has tp_comm, "
+                         f"t={model.tp_comm.size}); build a fresh model to split it again, e.g. re-run the cell "
+                         f"that makes it")
     comm = TPComm(group, backend, overlap=overlap, lanes=TPLanes(current()))
     matched = validate_plan(model, plan, comm.size)
     agree("apply_tensor_parallel", group, plan=tuple(sorted((k, str(v)) for k, v in plan.items())),

@@ -282,3 +282,19 @@ def ring_head_dim_zero():  # A11: ZeroDivisionError: float division by zero
 
 def test_attention_with_head_dim_zero_names_the_shape(c4):
     _raises(c4, ring_head_dim_zero, match=r"q has shape \(1, 4, 16, 0\); pass \(B, H, S/n, D\) with at least one")
+
+
+def tp_applied_twice():  # T14: a re-run %%px cell; the message did not say "already split"
+    from pipelib.model import GPTConfig
+    from pipelib.tensor_parallel.apply import apply_tensor_parallel
+    from pipelib.tensor_parallel.plan import gpt_tp_plan
+    from pipelib.tensor_parallel.step import build_tp_gpt
+
+    model, group = build_tp_gpt(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32), 2)
+    if model is not None:
+        apply_tensor_parallel(model, group, gpt_tp_plan())
+
+
+def test_tensor_parallel_applied_twice_says_already_split(c4):
+    _raises(c4, tp_applied_twice, ranks=(0, 1), match=r"this GPT is already split \(it has tp_comm, t=2\); build "
+                                                      r"a fresh model")
