@@ -8,8 +8,7 @@
 The model is unaware of parallelism (nanoGPT's GPT). As torchtitan's `parallelize_llama`,
 this is the one place that sees the whole mesh; each strategy gets only its own group:
 
-1. pipeline: cut the model into `pp` stages between blocks (`pipeline.gpt.gpt_stages`) and keep
-   this rank's (its pp coordinate);
+1. pipeline: cut the model into stages between blocks (`pipeline.gpt.gpt_stages`), keep this rank's;
 2. tensor (and sequence) parallelism on `mesh["tp"]` (`apply_tensor_parallel`);
 3. context parallelism on `mesh["cp"]` (`context_parallel.apply`: ring attention, global
    positions, each rank's columns; gradients averaged over cp before dp reduces them);
@@ -20,9 +19,8 @@ this is the one place that sees the whole mesh; each strategy gets only its own 
    it reduces each stage's gradients once per step, when the executor says that stage's last
    backward is done (`execute(..., stage_done=)`, torch's REDUCE_GRAD).
 
-Every parameter this rank holds gets a `Placement` (its mesh axis and split dim, fused pieces,
-pipeline stage), and `unshard` uses them to put any layout back under the monolith's names.
-Introduced in chapter 15; the one-strategy chapters are 1-axis plans.
+Every parameter this rank holds gets a `Placement`, which `unshard` uses to put any layout back
+under the monolith's names. Introduced in chapter 15; one-strategy chapters are 1-axis plans.
 """
 from __future__ import annotations
 
@@ -77,6 +75,7 @@ class Plan:
     def check(self, recipe, world_size: int | None = None) -> None:
         """Every check that needs no engine: the plan against the recipe and the cluster."""
         from pipelib.model import GPTConfig
+        from pipelib.pipeline.step import resolve_schedule
 
         if world_size is not None:
             self.topology().check_world(world_size)
@@ -94,9 +93,10 @@ class Plan:
         if self.cp > 1 and seq_len % (2 * self.cp):
             raise ValueError(f"Plan: cp={self.cp} cuts each sequence into {2 * self.cp} zigzag chunks, but "
                              f"the recipe's sequences are {seq_len} tokens; use a multiple of {2 * self.cp}")
-        if self.pp > 1 and recipe.model.n_layer < self.pp:
-            raise ValueError(f"Plan: pp={self.pp} stages but the GPT has n_layer={recipe.model.n_layer} "
-                             f"blocks; every stage needs one: use n_layer >= {self.pp}")
+        stages = resolve_schedule(self.schedule, self.pp, self.microbatches).num_stages if self.pp > 1 else 1
+        if recipe.model.n_layer < stages:  # an interleaved schedule cuts 2 stages per rank
+            raise ValueError(f"Plan: pp={self.pp} with {self.schedule!r} cuts {stages} stages but the GPT has "
+                             f"n_layer={recipe.model.n_layer} blocks; every stage needs one: use n_layer >= {stages}")
 
     def __str__(self) -> str:
         degrees = " x ".join(f"{a}={getattr(self, a)}" for a in ("dp", "tp", "pp", "cp") if getattr(self, a) > 1)

@@ -1,5 +1,6 @@
 """Strategies composed through `parallelize` on 4 engines equal one process (3 optimizer steps),
 with the bytes of every mesh axis, read from the trace, equal to the formulas."""
+import dataclasses
 import json
 
 import pytest
@@ -139,6 +140,8 @@ def test_plan_prints_round_trips_and_checks_before_any_engine_work():
         Plan(dp=4, pp=2).check(RECIPE, 4)
     with pytest.raises(ValueError, match="data_parallel='zero9'"):
         Plan(dp=2, data_parallel="zero9")
+    with pytest.raises(ValueError, match="'interleaved_1f1b' cuts 4 stages but the GPT has n_layer=3 blocks"):
+        Plan(pp=2, schedule="interleaved_1f1b").check(Recipe(dataclasses.replace(GPT, n_layer=3), batch_size=8))
 
 
 @pytest.mark.parametrize("sizes, kind", [(dict(dp=2, tp=2), "zero1"), (dict(dp=2, tp=2), "zero3"),
