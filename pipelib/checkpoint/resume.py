@@ -22,29 +22,36 @@ from dataclasses import dataclass
 import torch
 
 from pipelib.checkpoint.manifest import committed_steps
+from pipelib.checkpoint.nonfinite import agree_finite, poison
 from pipelib.checkpoint.training import grid_group, load_training, save_training
 
 
 @dataclass(frozen=True)
 class ResumeResult:
     """One rank's run: the first step it ran, the global loss of each step it ran, the steps it
-    saved, and the whole parameters at the end (`Parallel.unshard("data")`, on every rank)."""
+    saved, the whole parameters at the end (`Parallel.unshard("data")`, on every rank), and
+    the steps skipped because a rank's gradients were not finite."""
 
     start: int
     losses: tuple[float, ...]
     saved: tuple[int, ...]
     params: dict
+    skipped: tuple[int, ...] = ()
 
 
 def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_every: int = 1,
                     keep: int | None = 2, mesh=None, crash_after: int | None = None,
-                    kill_rank: int | None = None) -> ResumeResult | None:
+                    kill_rank: int | None = None, nan_at: tuple[int, int] | None = None,
+                    skip_steps=()) -> ResumeResult | None:
     """On every rank: train `recipe` under `plan` up to step `stop` (default `recipe.steps`),
     starting from the latest checkpoint under `root` if any, saving after every `save_every`
     steps. `crash_after=k` raises `RuntimeError` right after step k (its save done, if due):
     a failure in the middle of a run, for the tests and the chapter. With `kill_rank=r`, global
     rank r instead dies (`os._exit`, no cleanup) in the middle of step k + 1, after its
-    forward and backward, before its optimizer step: a process lost, the others left waiting."""
+    forward and backward, before its optimizer step: a process lost, the others left waiting.
+    `nan_at=(step, rank)`: a NaN in that rank's gradients at that step; every rank then agrees
+    to skip it (`pipelib.checkpoint.nonfinite`). `skip_steps`: steps whose optimizer step is
+    skipped on every rank regardless (the reference of the NaN check)."""
     from pipelib.parallelize import parallelize
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
@@ -59,14 +66,20 @@ def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_ev
     par = parallelize(recipe.build().to(dev.torch_device), mesh, plan, optimizer=recipe.make_optimizer)
     opt = par.make_optimizer(recipe.make_optimizer)
     start = load_training(par, opt, root, recipe=recipe) if committed_steps(root) else 0
-    dp_rank, losses, saved = mesh.local_rank("dp"), [], []
+    dp_rank, losses, saved, skipped = mesh.local_rank("dp"), [], [], []
     try:
         for step in range(start, stop):
             x, y = (t.to(dev.torch_device) for t in recipe.batch(step, dp_rank, plan.dp))
             loss = par.forward_backward(x, y)
             if kill_rank is not None and step == crash_after and mesh.global_rank == kill_rank:
                 os._exit(1)  # a kill in the middle of a step: no finally, no flush
-            opt.step()
+            if nan_at is not None:
+                if nan_at == (step, mesh.global_rank):
+                    poison(par)
+                if not agree_finite(par, group):  # the same verdict on every rank
+                    skipped.append(step)
+            if step not in skipped and step not in skip_steps:
+                opt.step()
             opt.zero_grad(set_to_none=False)
             losses.append(_mean_loss(loss, mesh, par))
             if (step + 1) % save_every == 0 or step + 1 == stop:
@@ -77,7 +90,7 @@ def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_ev
     finally:
         par.close()
     params = {k: t.cpu() for k, t in par.unshard("data").items()}
-    return ResumeResult(start, tuple(losses), tuple(saved), params)
+    return ResumeResult(start, tuple(losses), tuple(saved), params, tuple(skipped))
 
 
 def equal_state(a: dict, b: dict) -> list[str]:

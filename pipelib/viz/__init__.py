@@ -28,6 +28,9 @@
   each rank sends to each other rank per step read from the trace, animated; the load per
   expert over training under each balancing method; tokens dropped against the capacity factor
   (chapter 16);
+- `faults`: `lost_time_figure`, `save_time_figure`: the share of time lost against the
+  checkpoint interval with Young's and Daly's optima, save time against the state's size
+  (chapter 18; imported from the module until test_bundle has their samples);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the

@@ -7,7 +7,8 @@
   ZeRO-3 4 -> 2, a pipeline of 2 stages -> 4 stages, DDP -> ZeRO-3.
 - Resume bit for bit: a run of N steps equals a run stopped after k steps (a crash right after
   its save) and started again from the checkpoint (losses and final parameters, every bit),
-  for DDP, ZeRO-3 and a 1F1B pipeline.
+  for DDP, ZeRO-3, a 1F1B pipeline with two replicas, TP x PP and ZeRO-1 x TP (two axes each:
+  four ranks hold no 3-D grid).
 
 One spawn for all (imports on four ranks cost seconds on two busy cores); each scenario runs
 on every rank, returns rank 0's facts, and the parent asserts them.
@@ -83,6 +84,22 @@ def _resume(path, name, plan, steps=4, k=2):
             "params_differ": equal_state(whole.params, again.params)}
 
 
+def _nan_skip(path):
+    """A NaN in rank 2's gradients at step 1 (after DDP's all-reduce: a local failure): every
+    rank skips step 1, and the run equals one told to skip step 1, on every rank."""
+    from pipelib.checkpoint.resume import equal_state, train_resumable
+    from pipelib.parallelize import Plan
+
+    recipe, plan = _recipe(3), Plan(dp=4)
+    hit = train_resumable(recipe, plan, os.path.join(path, "nan", "hit"), save_every=3, nan_at=(1, 2))
+    ref = train_resumable(recipe, plan, os.path.join(path, "nan", "ref"), save_every=3, skip_steps=(1,))
+    mine = [None] * WORLD
+    dist.all_gather_object(mine, hit.params)
+    return {"skipped": hit.skipped, "losses": (hit.losses, ref.losses),
+            "params_differ": equal_state(hit.params, ref.params),
+            "replicas_differ": [equal_state(mine[0], m) for m in mine[1:]]}
+
+
 def _scenarios():
     from pipelib.parallelize import Plan
 
@@ -98,7 +115,10 @@ def _scenarios():
         "resume_ddp": lambda p: _resume(p, "rddp", Plan(dp=4)),
         "resume_zero3": lambda p: _resume(p, "rz3", Plan(dp=4, data_parallel="zero3")),
         "resume_1f1b": lambda p: _resume(p, "r1f1b", Plan(pp=2, dp=2, microbatches=2)),
+        "resume_tp2_pp2": lambda p: _resume(p, "rtp", Plan(tp=2, pp=2, microbatches=2)),
+        "resume_zero1_tp2": lambda p: _resume(p, "rz1", Plan(dp=2, tp=2, data_parallel="zero1")),
         "dcp": _dcp,
+        "nan_skip": _nan_skip,
     }
 
 
@@ -154,7 +174,8 @@ def test_reshard_keeps_every_bit_of_parameters_and_optimizer_state(runs, name):
     assert f["params_differ"] == [], f"the new layout's parameters, gathered: {f['params_differ']} differ"
 
 
-@pytest.mark.parametrize("name", ["resume_ddp", "resume_zero3", "resume_1f1b"])
+@pytest.mark.parametrize("name", ["resume_ddp", "resume_zero3", "resume_1f1b", "resume_tp2_pp2",
+                                  "resume_zero1_tp2"])
 def test_resume_after_a_crash_is_bit_for_bit(runs, name):
     f = _facts(runs, name)
     assert f["crashed"] and f["start"] == 2
@@ -199,3 +220,12 @@ def test_pipelib_and_dcp_checkpoints_of_the_same_state_hold_the_same_tensors(run
     assert f["keys"] > 0 and f["dcp_differ"] == []
     assert f["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
     assert f["round_trip_differ"] == [], "ZeRO-3's checkpoint -> DCP -> pipelib changed tensors"
+
+
+def test_a_nan_on_one_rank_skips_the_step_on_every_rank(runs):
+    for rank, f in enumerate(runs["nan_skip"]):
+        assert "error" not in f, f.get("error")
+        assert f["skipped"] == (1,), f"rank {rank} skipped {f['skipped']}"
+    f = runs["nan_skip"][0]
+    assert f["losses"][0] == f["losses"][1] and f["params_differ"] == []
+    assert f["replicas_differ"] == [[], [], []]
