@@ -66,7 +66,7 @@ def test_pipelined_zero_and_tensor_parallel_equal_one_process():
         assert share == pytest.approx(0.5, abs=1e-3)
     # TP: the decoder layers' projections are halved; the embedding, head and norms are whole
     config = llama_config()
-    C, V, F, L = config.hidden_size, config.vocab_size, config.intermediate_size, config.num_hidden_layers
+    C, F, L = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     split = L * (4 * C * C + 3 * C * F)
     assert res.tp_local_share == pytest.approx((res.num_params - split / 2) / res.num_params)
 
