@@ -42,7 +42,6 @@ _RECOMPUTE = MappingProxyType({
     "every_k": (("--recompute-granularity", "full", "--recompute-method", "uniform"), "full"),
     "selective": (("--recompute-granularity", "selective"), "selective"),
 })
-_MEGATRON_SCHEDULES = MappingProxyType({"1f1b": (), "interleaved_1f1b": ("virtual",)})
 
 
 @dataclass(frozen=True)
@@ -89,11 +88,13 @@ def to_megatron_args(recipe, plan) -> list[str]:
         raise ValueError(f"to_megatron_args: data_parallel={plan.data_parallel!r}: {dp}")
     args += list(dp)
     if plan.pp > 1:
-        name = schedule_info(plan.schedule).name
-        if name not in _MEGATRON_SCHEDULES:
+        info = schedule_info(plan.schedule)
+        if not info.in_megatron:
+            from pipelib.pipeline.schedules.registry import REGISTRY
+
             raise ValueError(f"to_megatron_args: schedule={plan.schedule!r}: Megatron-LM runs 1F1B and "
-                             f"interleaved 1F1B; use one of {list(_MEGATRON_SCHEDULES)}")
-        if _MEGATRON_SCHEDULES[name]:
+                             f"interleaved 1F1B; use one of {[n for n, i in REGISTRY.items() if i.in_megatron]}")
+        if info.chunked:  # interleaved: two model chunks per rank, as `parallelize` cuts them
             args += ["--num-layers-per-virtual-pipeline-stage", m.n_layer // (plan.pp * 2)]
     args += list(_RECOMPUTE[plan.recompute][0])
     if recipe.mixed_precision:

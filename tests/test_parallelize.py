@@ -214,7 +214,7 @@ def test_context_parallelism_with_zero1_and_its_refusals(cluster4):
     for bad in (dict(pp=2), dict(tp=2, sequence_parallel=True), dict(data_parallel="zero2", dp=2)):
         with pytest.raises(ValueError, match="cp=2 composes with dp and tp, not yet with"):
             Plan(cp=2, **bad)
-    with pytest.raises(ValueError, match="block_size=8; use a multiple of 16"):
+    with pytest.raises(ValueError, match="the recipe.s sequences are 8 tokens; use a multiple of 16"):
         Plan(cp=8).check(RECIPE)
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipelib.costmodel import LINKS, PROFILES, Link
+from pipelib.pipeline.schedules.registry import REGISTRY
 from pipelib.planner.search import Candidate, search
 from pipelib.planner.spec import GPT3_175B, Machine, ModelSpec
 from pipelib.planner.timing import hardware_flops_per_token
@@ -79,7 +80,7 @@ class PublishedRun:
 
 
 # the schedules both papers describe (1F1B and its interleaved form); zero-bubble schedules came later
-THEIR_SCHEDULES = ("schedule", ("1f1b", "interleaved_1f1b"))
+THEIR_SCHEDULES = ("schedule", tuple(n for n, info in REGISTRY.items() if info.in_megatron))
 # Megatron-LM in 2021: full recomputation, plain data parallelism (no optimizer sharding yet)
 MEGATRON_KNOWN = (THEIR_SCHEDULES, ("recompute", ("full",)), ("zero", (0,)))
 PUBLISHED = (

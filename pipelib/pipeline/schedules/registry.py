@@ -140,6 +140,7 @@ class ScheduleInfo:
     aliases: tuple[str, ...] = ()            # other names that mean this schedule
     torch_needs_m_ge_p: bool = False         # torch's class refuses m < p; pipelib's runs any m
     inflight: Callable[[int, int, int], int | None] | None = None  # rank 0's peak in flight, a formula
+    in_megatron: bool = False                # Megatron-LM runs it (Narayanan et al. 2021: 1F1B, interleaved)
 
     @property
     def stages_per_rank(self) -> int | None:
@@ -182,10 +183,10 @@ REGISTRY: Mapping[str, ScheduleInfo] = MappingProxyType({info.name: info for inf
     ScheduleInfo("gpipe", gpipe, "ScheduleGPipe", closed_form=fill_and_drain, aliases=("GPipe",),
                  inflight=lambda p, m, v: m),  # every forward before any backward
     ScheduleInfo("1f1b", one_f_one_b, "Schedule1F1B", closed_form=fill_and_drain,
-                 aliases=("one_f_one_b",), torch_needs_m_ge_p=True,
+                 aliases=("one_f_one_b",), torch_needs_m_ge_p=True, in_megatron=True,
                  inflight=lambda p, m, v: min(p, m)),  # p - r warm-up forwards on rank r
     ScheduleInfo("interleaved_1f1b", interleaved_1f1b, "ScheduleInterleaved1F1B", chunked=True,
-                 closed_form=looped_fill_and_drain, inflight=looped_inflight),
+                 closed_form=looped_fill_and_drain, inflight=looped_inflight, in_megatron=True),
     ScheduleInfo("looped_bfs", looped_bfs, "ScheduleLoopedBFS", chunked=True,
                  closed_form=breadth_first, inflight=lambda p, m, v: v * m),
     ScheduleInfo("llama3_interleaved", llama3_interleaved, None, chunked=True,
