@@ -15,6 +15,7 @@ the pieces again for any layout, so a run saved on one mesh resumes on another.
 - `resume`: the trainer's loop with checkpoints, resumed from the latest committed step;
 - `dcp`: torch.distributed.checkpoint beside it: the same tensors, conversions both ways;
 - `nonfinite`: a NaN or Inf on one rank: every rank agrees to skip the step (one flag reduced);
+- `stalls`: a stalled rank named by gloo's `monitored_barrier`;
 - `crashes`: a crash injected at every step of a save, and what the loader then finds;
 - `interval`: how often to save: Young's and Daly's intervals, the share of time lost.
 """
