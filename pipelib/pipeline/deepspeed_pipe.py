@@ -57,7 +57,8 @@ def _quiet(path: str):
     os.close(fd)
 
 
-def _worker(rank, world_size, tmp, job, out_path):
+def _pipe_rank(rank, world_size, tmp, job):
+    out_path = os.path.join(tmp, f"out{rank}.pt")
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     _quiet(os.path.join(tmp, f"rank{rank}.log"))
@@ -145,7 +146,7 @@ def run_deepspeed_pipe(model_config=None, num_microbatches: int = 4, batch: int 
     with tempfile.TemporaryDirectory(prefix="pipelib-dspipe-") as tmp:  # 0700: the store is private
         outs = [os.path.join(tmp, f"out{r}.pt") for r in range(world_size)]
         try:
-            mp.spawn(_spawned, args=(world_size, tmp, job), nprocs=world_size, join=True)
+            mp.spawn(_pipe_rank, args=(world_size, tmp, job), nprocs=world_size, join=True)
             res = [torch.load(p, weights_only=False) for p in outs]
         except mp.ProcessRaisedException as e:
             raise RuntimeError(f"DeepSpeed's pipeline on {world_size} spawned processes failed; the failing "
@@ -157,10 +158,6 @@ def run_deepspeed_pipe(model_config=None, num_microbatches: int = 4, batch: int 
     return [StepResult(r["loss"], r["grads"], stats={"stage": r["stage"], "parts": r["parts"], "config": config,
                                                      "seconds": r["seconds"], "pipelib": r.get("pipelib")})
             for r in res]
-
-
-def _spawned(rank, world_size, tmp, job):
-    _worker(rank, world_size, tmp, job, os.path.join(tmp, f"out{rank}.pt"))
 
 
 @dataclass(frozen=True)
