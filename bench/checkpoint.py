@@ -5,10 +5,12 @@ The state is a model-like dict of fp32 tensors (`--mib` in all, `--tensors` of t
 whole pieces by `pipelib.checkpoint.sharded.save_sharded` (temp name, fsync, rename, fsync of
 the directory, checksum computed on the way, manifest last) and by DCP's `FileSystemWriter`
 (`sync_files=True`, its default: fsync of each data file, then `.metadata` written, fsynced and
-renamed). Loads read everything back whole: pipelib's `load_whole` (checksums verified) and
-DCP's `load` into preallocated tensors. One process, no process group, both into fresh
+renamed). Loads read everything back whole: pipelib's `load_whole` (each file read once in
+16 MiB chunks for its checksum, then mapped by `torch.load(mmap=True)`: its tensors point at
+the page cache) and DCP's `load`, which copies into preallocated tensors. One process, no process group, both into fresh
 directories of the same file system; the rounds alternate which goes first, and the medians
-are compared. `os.fsync` is wrapped during each call so that both sides' fsyncs are counted the
+are compared (on a shared 2-core machine rounds vary several-fold: the JSON keeps each).
+`os.fsync` is wrapped during each call so that both sides' fsyncs are counted the
 same way. Reported: throughput in MiB/s and the ratios pipelib / DCP (target: at least 0.8 on
 save and on load), with CRC-32 checksums (the default) and with SHA-256.
 

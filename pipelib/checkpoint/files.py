@@ -17,8 +17,9 @@ bit flipped later on the disk is caught when the file is read.
 Every step of a write calls `fault(event)` first ("before NAME", "during NAME" with half the
 bytes written, "after NAME" once renamed): a test injects a crash there (an exception, or
 `os._exit` in a forked process, which runs no cleanup at all) and shows that the last good
-checkpoint still loads. Loading never runs code from a file: `torch.load(weights_only=True)`
-accepts tensors, numbers, strings and containers only.
+checkpoint still loads. Loading reads a file once, in chunks, for its checksum, then maps it
+(`torch.load(mmap=True)`: the tensors point at the pages just read), and never runs code from
+a file: `weights_only=True` accepts tensors, numbers, strings and containers only.
 
 Introduced in chapter 18.
 """
@@ -51,6 +52,7 @@ class _Crc32:
 
 
 CHECKSUMS = MappingProxyType({"sha256": hashlib.sha256, "crc32": _Crc32})
+_CHUNK = 16 << 20  # bytes read at a time while checksumming
 
 
 @dataclass(frozen=True)
@@ -162,14 +164,18 @@ def read_tensors(directory: str, record: FileRecord, *, verify: bool = True):
         raise MissingShardError(f"checkpoint {directory}: the manifest lists {record.name} (rank {record.rank}'s "
                                 f"shard, {record.nbytes} bytes), but it is missing; copy it back or load an "
                                 f"earlier step")
-    with open(path, "rb") as f:
-        data = f.read()
     if verify:
-        digest = CHECKSUMS[record.algorithm]()
-        digest.update(data)
-        if len(data) != record.nbytes or digest.hexdigest() != record.checksum:
+        digest, nbytes = CHECKSUMS[record.algorithm](), 0
+        chunk = bytearray(_CHUNK)
+        view = memoryview(chunk)
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(chunk):
+                digest.update(view[:n])
+                nbytes += n
+        if nbytes != record.nbytes or digest.hexdigest() != record.checksum:
             raise CorruptCheckpointError(
-                f"checkpoint {directory}: {record.name} (rank {record.rank}) has {len(data)} bytes with "
+                f"checkpoint {directory}: {record.name} (rank {record.rank}) has {nbytes} bytes with "
                 f"{record.algorithm} {digest.hexdigest()}, the manifest says {record.nbytes} bytes with "
                 f"{record.checksum}: the file is corrupted; load an earlier step")
-    return torch.load(io.BytesIO(data), weights_only=True)
+    # mapped, not copied: the pages just checksummed are in the page cache, tensors point at them
+    return torch.load(path, mmap=True, weights_only=True)
