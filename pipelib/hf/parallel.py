@@ -97,16 +97,17 @@ def hf_zero_train(config, stage: int, batch: int, seq_len: int, *, group=None, s
                       losses=tuple(losses) if rank == 0 else (), params=zero.full_parameters())
 
 
-def hf_tp_step(config, batch: int, seq_len: int, *, group=None, seed: int = 0) -> StepResult:
-    """One step of the Llama split by pipelib's tensor parallelism (`LLAMA_TP_PLAN`) over the
-    ranks of `group`; every rank runs the whole batch. Returns the loss (rank 0), the gradients
-    put back together under Hugging Face's names (`tp_full_gradients`), and how many of this
-    rank's parameters are split (`sharded_numel`) against the whole model's (`numel`)."""
+def hf_tp_step(config, batch: int, seq_len: int, *, group=None, seed: int = 0, plan=None) -> StepResult:
+    """One step of the Llama split by pipelib's tensor parallelism (`plan`, default
+    `LLAMA_TP_PLAN`) over the ranks of `group`; every rank runs the whole batch. Returns the
+    loss (rank 0), the gradients put back together under Hugging Face's names
+    (`tp_full_gradients`), and this rank's parameter elements (`local_numel`) against the
+    whole model's (`numel`)."""
     from pipelib.tensor_parallel.apply import apply_tensor_parallel, tp_full_gradients
 
     model = build_llama(config, seed)
     numel = sum(p.numel() for p in model.parameters())
-    apply_tensor_parallel(model, group, dict(LLAMA_TP_PLAN))
+    apply_tensor_parallel(model, group, dict(LLAMA_TP_PLAN if plan is None else plan))
     x, y = llama_batch(config, batch, seq_len, 0, seed)
     loss = lm_loss(model(x).logits, y)
     loss.backward()
