@@ -2,11 +2,10 @@
 
     plan = Plan(dp=2, tp=2)                                     # prints, round-trips through JSON
     par = parallelize(recipe.build(), Mesh(plan.topology()), plan)
-    loss = par.forward_backward(x, y)                           # this rank's share of one step
-    par.unshard("grad")                                         # {monolith name: full gradient}
+    loss = par.forward_backward(x, y); par.unshard("grad")      # this rank's share of a step; whole gradients
 
-The model is unaware of parallelism (nanoGPT's GPT). As torchtitan's `parallelize_llama`,
-this is the one place that sees the whole mesh; each strategy gets only its own group:
+The model is unaware of parallelism (nanoGPT's GPT). As torchtitan's `parallelize_llama`, this
+is the one place that sees the whole mesh; each strategy gets only its own group:
 
 1. pipeline: cut the model into stages between blocks (`pipeline.gpt.gpt_stages`), keep this rank's;
 2. tensor (and sequence) parallelism on `mesh["tp"]` (`apply_tensor_parallel`);
@@ -282,6 +281,7 @@ def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | Non
     if plan.dp > 1:  # 5. data parallelism, last: it wraps what the others made
         kind = DATA_PARALLEL[plan.data_parallel]
         par.reducers = [kind.wrap(m, mesh["dp"], plan, optimizer or torch.optim.Adam) for m in modules]
+        current().memory.parameters_moved(*modules)  # ZeRO's flat buffers: a saved weight is no activation
     return par
 
 

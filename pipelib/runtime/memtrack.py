@@ -45,6 +45,7 @@ class MemoryTracker:
         self.peak = 0
         self._storages: dict[int, list] = {}  # storage ptr -> [refcount, nbytes]
         self._param_ptrs: set[int] = set()
+        self._param_storages: set[int] = set()  # parameters' storages by identity (kept across resize_)
 
     @property
     def total(self) -> int:
@@ -76,8 +77,19 @@ class MemoryTracker:
         params = [p for m in modules for p in m.parameters()]
         buffers = [b for m in modules for b in m.buffers()]
         self._param_ptrs = {t.untyped_storage().data_ptr() for t in [*params, *buffers]}
+        self._param_storages = {t.untyped_storage()._cdata for t in [*params, *buffers]}
         self.set("parameters", sum(p.numel() * p.element_size() for p in params), "parameters")
         self.set("buffers", sum(b.numel() * b.element_size() for b in buffers), "buffers")
+
+    def parameters_moved(self, *modules) -> None:
+        """The parameters of `modules` now live in other storages (ZeRO's flat unit buffers, which
+        the weights are views of): learn those, forget the old ones (freed, their addresses may
+        come back as activations), so that a weight autograd saves is never counted as an
+        activation. Bytes are unchanged: whoever moved them counts them. Storages are known by
+        identity, which survives a resize (ZeRO-3's gathers), as well as by address."""
+        tensors = [t for m in modules for t in (*m.parameters(), *m.buffers())]
+        self._param_ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+        self._param_storages = {t.untyped_storage()._cdata for t in tensors}
 
     def update_gradients(self, module) -> None:
         self.set("gradients", sum(p.grad.numel() * p.grad.element_size() for p in module.parameters()
@@ -122,7 +134,7 @@ class _Saved:
         self.t, self.key, self.tracker = t.detach(), None, tracker
         st = t.untyped_storage()
         ptr, nbytes = st.data_ptr(), st.nbytes()
-        if nbytes == 0 or ptr in tracker._param_ptrs:
+        if nbytes == 0 or ptr in tracker._param_ptrs or st._cdata in tracker._param_storages:
             return
         entry = tracker._storages.get(ptr)
         if entry is None:
