@@ -178,4 +178,4 @@ def read_tensors(directory: str, record: FileRecord, *, verify: bool = True):
                 f"{record.algorithm} {digest.hexdigest()}, the manifest says {record.nbytes} bytes with "
                 f"{record.checksum}: the file is corrupted; load an earlier step")
     # mapped, not copied: the pages just checksummed are in the page cache, tensors point at them
-    return torch.load(path, mmap=True, weights_only=True)
+    return torch.load(path, mmap=True, weights_only=True, map_location="cpu")  # a GPU run saved CUDA tensors
