@@ -24,6 +24,8 @@
   ep) grid with every group on hover, communication coloured by mesh axis, what each order of
   the axes costs, memory per rank beside the planner's, the planner's best plans itemised, for
   one scenario or several behind a menu (chapter 15);
+- `planner_widget`: `planner_widget()`, the planner behind dropdowns and sliders in JupyterLab:
+  a model, a GPU, a number of GPUs and a batch give the ranking and its bars (chapter 15);
 - `experts`: `dispatch_matrices`, `traffic_figure`, `load_figure`, `drop_rate_figure`: tokens
   each rank sends to each other rank per step read from the trace, animated; the load per
   expert over training under each balancing method; tokens dropped against the capacity factor
