@@ -90,3 +90,12 @@ def test_bpe_shortens_sequences_and_grows_the_embedding():
     assert tok.decode(tok.encode(sample).ids) == sample
     with pytest.raises(ValueError, match="vocab_size"):
         train_bpe(text, 100)
+
+
+def test_llama3_8b_counts_its_published_size_on_the_meta_device():
+    from pipelib.hf.llama import llama3_8b_config
+    from pipelib.hf.tokenizer import embedding_numel
+
+    emb, total = embedding_numel(llama3_8b_config())
+    assert emb == 2 * 128_256 * 4096
+    assert round(total / 1e9, 2) == 8.03  # Meta's model card: 8.03B parameters

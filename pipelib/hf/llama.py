@@ -65,6 +65,17 @@ def llama_config(gpt=None, *, vocab_size: int | None = None, intermediate_size: 
                        attention_dropout=0.0, attn_implementation="sdpa")
 
 
+def llama3_8b_config():
+    """Llama 3 8B's published sizes (Meta's `config.json` for Meta-Llama-3-8B; Grattafiori et al.
+    2024, table 3): V = 128,256, C = 4,096, 32 layers, 32 query heads and 8 key/value heads, MLP
+    14,336 wide, untied head. For counting on the meta device, never for building here."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128_256, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                       tie_word_embeddings=False)
+
+
 def build_llama(config, seed: int = 0) -> nn.Module:
     """`LlamaForCausalLM(config)` with weights drawn from `seed` (the caller's random state is
     left as it was): every rank builds the same model, as with pipelib's GPT."""

@@ -64,17 +64,24 @@ def train_bpe(text: str, vocab_size: int = 1024, min_frequency: int = 2):
     return tok
 
 
-def _llama_numel(gpt, vocab_size: int) -> tuple[int, int]:
+def embedding_numel(config) -> tuple[int, int]:
+    """(token embedding + head elements, all parameter elements) of `LlamaForCausalLM(config)`,
+    built on the meta device: shapes only, no memory, so an 8B model counts in seconds."""
     import torch
-
-    from pipelib.hf.llama import llama_config
-
     from transformers import LlamaForCausalLM
 
     with torch.device("meta"):
-        model = LlamaForCausalLM(llama_config(gpt, vocab_size=vocab_size))
-    emb = model.model.embed_tokens.weight.numel() + model.lm_head.weight.numel()
+        model = LlamaForCausalLM(config)
+    emb = model.model.embed_tokens.weight.numel()
+    if model.lm_head.weight is not model.model.embed_tokens.weight:  # a tied head is the same matrix
+        emb += model.lm_head.weight.numel()
     return emb, sum(p.numel() for p in model.parameters())
+
+
+def _llama_numel(gpt, vocab_size: int) -> tuple[int, int]:
+    from pipelib.hf.llama import llama_config
+
+    return embedding_numel(llama_config(gpt, vocab_size=vocab_size))
 
 
 def compare_tokenizers(text: str | None = None, vocab_sizes=(512, 4096), gpt=None,
