@@ -74,10 +74,12 @@ def _exchange_headers(mine: torch.Tensor, group, what: str):
         raise ValueError(f"rank {dist.get_rank()}: {what} on a group this rank is not part of; "
                          f"call it only on the group's ranks")
     glob = [dist.get_global_rank(group, i) if group is not None else i for i in range(n)]
-    rows = torch.empty((n, mine.numel()), dtype=torch.int64)
+    dev = current()
+    mine = mine.to(dev.torch_device)  # where the backend sends from: the GPU under NCCL
+    rows = torch.empty((n, mine.numel()), dtype=torch.int64, device=mine.device)
     rows[me] = mine
     others = [g for i, g in enumerate(glob) if i != me]
-    with current().activity.doing(f"agreement check of {what}: waiting for ranks {others} to call it too"):
+    with dev.activity.doing(f"agreement check of {what}: waiting for ranks {others} to call it too"):
         works = [dist.irecv(rows[p], glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
         works += [dist.isend(mine, glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
         for w in works:
@@ -100,7 +102,7 @@ def agree(what: str, group=None, **values) -> None:
     if dist.get_world_size(group) == 1:
         return
     rows, glob = _exchange_headers(_meta(what, _EMPTY, "sum", 0, values), group, what)
-    if bool((rows == rows[0]).all()):
+    if bool((rows == rows[0]).all()):  # on the backend's device: one comparison, no copy
         return
     words = _gather_words((what, values), group)
     _raise_disagreement(what, words, glob)
@@ -139,6 +141,7 @@ def check_same(name: str, tensor, group=None, *, op: str = "sum", root: int = 0,
     (chapter 06 measures it). Raw gloo messages on their own tag: no trace events, no clock advance."""
     mine = _meta(name, tensor, op, root, settings)
     rows, glob = _exchange_headers(mine, group, name)
+    rows = rows.cpu()
     if bool((rows == mine).all()):
         return
     words = _gather_words((name, settings), group)  # names and settings in clear, not checksums

@@ -242,17 +242,6 @@ def test_attention_variants_that_differ_are_named_in_words(c4):
     assert "#" not in str(err.errors[0]).split("collective differs")[1].split(";")[0]
 
 
-def test_a_pipeline_whose_ranks_differ_in_m_says_so_before_the_step(c4):
-    t0 = time.monotonic()
-    with pytest.raises(ClusterError, match=r"rank 3 runs schedule '1f1b' with 4 stages, m=4 microbatches.*but "
-                                           r"rank 2, .*runs 4 stages, m=8 microbatches") as err:
-        c4.run(pipeline_m_differs)
-    assert time.monotonic() - t0 < 30
-    if c4._broken:  # the other ranks were left waiting for rank 3: restart, as the message says
-        assert "restart" in str(err.value)
-        c4.restart()
-
-
 def test_a_collective_given_a_list_is_a_type_error_naming_it(c4):
     _raises(c4, collective_on_a_list, match=r"all_reduce takes a torch\.Tensor, got list \[1\.0, 2\.0\]")
 
@@ -298,3 +287,14 @@ def tp_applied_twice():  # T14: a re-run %%px cell; the message did not say "alr
 def test_tensor_parallel_applied_twice_says_already_split(c4):
     _raises(c4, tp_applied_twice, ranks=(0, 1), match=r"this GPT is already split \(it has tp_comm, t=2\); build "
                                                       r"a fresh model")
+
+
+def test_a_pipeline_whose_ranks_differ_in_m_says_so_before_the_step(c4):
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"rank 3 runs schedule '1f1b' with 4 stages, m=4 microbatches.*but "
+                                           r"rank 2, .*runs 4 stages, m=8 microbatches") as err:
+        c4.run(pipeline_m_differs)
+    assert time.monotonic() - t0 < 30
+    # the other ranks were left waiting for rank 3 inside their receives: the cluster says restart
+    # (last in this module: the fixture stops it, no restart needed)
+    assert not c4._broken or "restart" in str(err.value)
