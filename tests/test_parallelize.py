@@ -232,3 +232,14 @@ def test_dp2_tp2_cp2_on_8_engines_equals_one_process(cluster8):
     trace = cluster8.trace()
     assert trace.bytes_sent(axis="cp") == RECIPE.steps * 4 * per_group
     assert trace.bytes_sent(axis="dp") == RECIPE.steps * 4 * _all_reduce_bytes(held, 2)  # 4 dp groups (tp x cp)
+
+
+def test_a_pipeline_on_part_of_the_world_leaves_no_group_half_made(cluster4):
+    """Plan(pp=2) on 4 engines: ranks 2 and 3 are off the grid. The tied embedding's group is made
+    by every rank with the mesh (new_group is collective); made later by the grid's ranks only, it
+    hung the next group any rank made."""
+    recipe = Recipe(GPT, batch_size=8, steps=1, lr=1e-2, dtype=torch.float64)
+    first = run(cluster4, recipe, Plan(pp=2))
+    assert first[2:] == [None, None]
+    check_against_reference(first, recipe.reference(), shared={"embed.wte.weight"})   # the tied weight
+    check_against_reference(run(cluster4, recipe, Plan(dp=4)), recipe.reference(), shared=True)

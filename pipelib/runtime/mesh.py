@@ -48,6 +48,8 @@ class Mesh:
         alone = self._alone()
         for axis in (*AXES, "ep"):
             self._groups.setdefault(axis, alone)
+        if topology.pp > 1:  # the tied embedding's pairs, by every rank too (later calls find them made)
+            self.tied_group()
         self.coords: Coords | None = (topology.coords(self.global_rank)
                                       if self.global_rank < topology.world_size else None)
 
