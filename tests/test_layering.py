@@ -37,6 +37,7 @@ PURE = [
     "pipelib.planner.memory", "pipelib.planner.timing", "pipelib.planner.search", "pipelib.planner.book",
     "pipelib.viz.experts", "pipelib.expert_parallel.policies", "pipelib.expert_parallel.sizes",
     "pipelib.planner.orders", "pipelib.planner.published", "pipelib.viz.mesh",
+    "pipelib.checkpoint.interval", "pipelib.viz.faults",
 ]
 
 # Run in a fresh interpreter: import one module and report what it pulled in.

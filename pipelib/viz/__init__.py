@@ -32,7 +32,7 @@
   (chapter 16);
 - `faults`: `lost_time_figure`, `save_time_figure`: the share of time lost against the
   checkpoint interval with Young's and Daly's optima, save time against the state's size
-  (chapter 18; imported from the module until test_bundle has their samples);
+  (chapter 18);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
@@ -92,6 +92,8 @@ API = MappingProxyType({
     "traffic_figure": "experts",
     "load_figure": "experts",
     "drop_rate_figure": "experts",
+    "lost_time_figure": "faults",
+    "save_time_figure": "faults",
     "time_unit": "display",
     "Units": "display",
     "time_title": "display",
