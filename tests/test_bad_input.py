@@ -348,3 +348,63 @@ def _measure_policy(**kw):
     from pipelib.recompute.measure import measure_policy
 
     return measure_policy(GPTConfig(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=8), "full", **kw)
+
+
+# ----------------------------------------------------------------------------- chapters 09 and 17's steps
+# The chapters call tp_train_step and attention_step straight through cluster.run; these checks
+# give them (or a runner) every argument error in the notebook, before any engine works.
+TP_CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32)
+
+
+def _tp(*args, **kw):
+    from pipelib.tensor_parallel.apply import check_tp_step
+
+    return check_tp_step(*args, **kw)
+
+
+def _cp(*args, **kw):
+    from pipelib.context_parallel.variants import check_attention_step
+
+    return check_attention_step(*args, **kw)
+
+
+@pytest.mark.parametrize("call,match", [
+    pytest.param(lambda: _tp(GPTConfig(vocab_size=64, block_size=16, n_head=3, n_embd=48), 2, 16, 2, 4),
+                 r"n_head=3 is not divisible", id="T01"),
+    pytest.param(lambda: _tp(GPTConfig(), 2, 16, 2, 4), r"vocab_size=65 is not divisible", id="T02"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 16, 5, 4), r"t=5 is larger than the cluster \(4 ranks\)", id="T03"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 16, 0, 4), r"t=0; pass an integer >= 1", id="T04"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 16, "2", 4), r"t='2'", id="T05"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 32, 2, 4), r"s=32 exceeds block_size=16", id="T06"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 15, 2, 4, sequence_parallel=True), r"15 is not divisible by t=2", id="T07"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 16, 2, 4, dtype="fp16"), r"dtype='fp16'", id="T08"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 16, 2, 4, backend="nccl"), r"backend='nccl'", id="T10"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 16, 2, 4, plan={"blocks.*.attn.c_atn": "colwise_qkv"}),
+                 r"matches no module", id="T11"),
+    pytest.param(lambda: _tp(TP_CFG, 2, 16, 2, 4, sequence_parallel=True, vocab=False),
+                 r"needs the vocabulary-parallel embedding and head", id="T11b"),
+    pytest.param(lambda: _cp("ringg", 64, 4), r"unknown attention variant 'ringg'", id="A01"),
+    pytest.param(lambda: _cp("ring", 60, 4), r"sequence length 60 does not split into 2n = 8", id="A02"),
+    pytest.param(lambda: _cp("ring", 64, 4, layout="zigzg"), r"unknown layout 'zigzg'", id="A03"),
+    pytest.param(lambda: _cp("ulysses", 64, 4, heads=6), r"6 heads do not split over 4 ranks", id="A04"),
+    pytest.param(lambda: _cp("ring", "64", 4), r"seq_len='64'", id="A05"),
+    pytest.param(lambda: _cp("ring", 64, 4, ranks=5), r"ranks=5 is larger than the cluster", id="A09"),
+    pytest.param(lambda: _cp("ring", 64, 4, ranks=0), r"ranks=0; pass an integer >= 1", id="A10"),
+    pytest.param(lambda: _cp("ring", 64, 4, head_dim=0), r"head_dim=0", id="A11"),
+    pytest.param(lambda: _cp("ring", 64, 4, tile=0), r"tile=0", id="A13"),
+    pytest.param(lambda: _cp("allgather", 64, 4, kv_heads=2), r"grouped-query attention is built for \['ring'\]",
+                 id="A16"),
+    pytest.param(lambda: _cp("ring", 64, 4, kv_heads=3), r"heads=4 is not a multiple of kv_heads=3", id="A17"),
+])
+def test_the_tp_and_attention_steps_arguments_are_checked_in_the_notebook(call, match):
+    with pytest.raises(ValueError, match=match):
+        bounded(call)
+
+
+def test_good_tp_and_attention_arguments_pass_their_checks():
+    from pipelib.tensor_parallel.plan import gpt_tp_plan
+
+    assert _tp(TP_CFG, 2, 16, 2, 4) == gpt_tp_plan()
+    assert _tp(TP_CFG, 2, 16, 2, 4, sequence_parallel=True) == gpt_tp_plan(sequence_parallel=True)
+    assert [_cp(v, 64, 4) for v in ("ring", "allgather", "ulysses")] == [16, 16, 16]
+    assert _cp("ring", 64, 4, ranks=2, kv_heads=2, batch=0) == 32

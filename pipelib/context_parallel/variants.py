@@ -39,15 +39,17 @@ class Variant:
     predicted_time: Callable[..., float]   # (profile, batch, heads, shard_len, head_dim, itemsize, n, causal)
     twin: Callable | None = None  # torch's built-in, in `attention_step`'s format (contiguous shards)
     paper: str = ""
+    splits_heads: bool = False    # the heads are split over the ranks (they must divide)
+    grouped_kv: bool = False      # takes k, v with fewer heads than q (grouped-query attention)
 
 
 REGISTRY = MappingProxyType({info.name: info for info in (
     Variant("ring", ring_attention, costs.ring_bytes, costs.ring_time, torch_ring_step,
-            "Liu, Zaharia & Abbeel 2023"),
+            "Liu, Zaharia & Abbeel 2023", grouped_kv=True),
     Variant("allgather", allgather_attention, costs.allgather_bytes, costs.allgather_time,
             paper="Llama 3, Dubey et al. 2024"),
     Variant("ulysses", ulysses_attention, costs.ulysses_bytes, costs.ulysses_time,
-            paper="DeepSpeed-Ulysses, Jacobs et al. 2023"),
+            paper="DeepSpeed-Ulysses, Jacobs et al. 2023", splits_heads=True),
 )})
 
 
@@ -63,3 +65,38 @@ def variant_bytes(variant: str, batch: int, heads: int, shard_len: int, head_dim
                   n: int) -> dict:
     """{"forward", "backward"} bytes one rank sends in one step of `variant` (exact)."""
     return variant_info(variant).bytes(batch, heads, shard_len, head_dim, itemsize, n)
+
+
+def check_attention_step(variant: str, seq_len: int, world_size: int, *, ranks: int | None = None,
+                         batch: int = 1, heads: int = 4, head_dim: int = 8, layout: str = "zigzag",
+                         tile: int | None = None, kv_heads: int | None = None) -> int:
+    """Every argument of chapter 17's `attention_step` and `memory_probe` checked in the notebook
+    process, before any engine works: the variant and layout by name, `ranks` (default: the
+    whole cluster) against the cluster, the sequence split, the sizes, Ulysses' heads over the
+    ranks, grouped-query heads (the ring only). Returns the shard length; a ValueError names the
+    value and what to change (the engines would raise the same, a step later)."""
+    from pipelib.checks import check_int
+    from pipelib.context_parallel.partition import check_layout
+
+    info = variant_info(variant)
+    n = world_size if ranks is None else check_int(ranks, "ranks", context=f"{variant} attention",
+                                                    hint="ranks the sequence is split over")
+    if n > world_size:
+        raise ValueError(f"{variant} attention: ranks={n} is larger than the cluster ({world_size} ranks); use "
+                         f"ranks <= {world_size} or start Cluster(world_size={n})")
+    check_int(batch, "batch", minimum=0, context=f"{variant} attention")
+    check_int(heads, "heads", context=f"{variant} attention")
+    check_int(head_dim, "head_dim", context=f"{variant} attention")
+    if tile is not None:
+        check_int(tile, "tile", context=f"{variant} attention", hint="rows per attention tile, or None")
+    shard = check_layout(seq_len, n, layout, context=f"{variant} attention")
+    if info.splits_heads and heads % n:
+        raise ValueError(f"ulysses attention: {heads} heads do not split over {n} ranks ({heads} % {n} = "
+                         f"{heads % n}); use a number of ranks that divides the heads, or ring attention")
+    if kv_heads is not None:
+        if not info.grouped_kv:
+            raise ValueError(f"{variant} attention: kv_heads={kv_heads}; grouped-query attention is built for "
+                             f"{[v for v, i in REGISTRY.items() if i.grouped_kv]} only: use one of them or "
+                             f"kv_heads=None")
+        costs.check_attention_sizes(f"{variant} attention", max(batch, 1), heads, shard, head_dim, 1, n, kv_heads)
+    return shard

@@ -112,3 +112,38 @@ def tp_full_gradients(model: nn.Module, group, *, what: str = "grad") -> dict[st
     local = {name: p.detach() if what == "data" else p.grad if p.grad is not None else torch.zeros_like(p)
              for name, p in model.named_parameters()}
     return unshard(local, placements(model), {"tp": group})
+
+
+def check_tp_step(config, b: int, s: int, t: int, world_size: int, *, plan=None, sequence_parallel: bool = False,
+                  vocab: bool = True, dtype="float32", backend: str = "pipelib") -> dict:
+    """Every argument of chapter 09's `tp_train_step` checked in the notebook process, before any
+    engine works: sizes, t against the cluster, the sequence against block_size, the dtype and
+    backend by name, the plan against the model (`validate_plan`, on a GPT built here: ms for
+    the book's sizes), sequence parallelism's needs. Returns the plan; a ValueError names the
+    value and what to change (the engines would raise the same, a step later)."""
+    from pipelib.checks import check_int
+    from pipelib.model import GPT
+    from pipelib.recipe import as_dtype
+    from pipelib.tensor_parallel.ops import BACKENDS
+    from pipelib.tensor_parallel.plan import check_sequence_divisible, gpt_tp_plan, validate_plan
+    from pipelib.tensor_parallel.styles import VocabHeadParallel
+
+    for name, v in (("b", b), ("s", s), ("t", t)):
+        check_int(v, name, context="tp_train_step")
+    if t > world_size:
+        raise ValueError(f"tp_train_step: t={t} is larger than the cluster ({world_size} ranks); use t <= "
+                         f"{world_size} or start Cluster(world_size={t})")
+    if s > config.block_size:
+        raise ValueError(f"tp_train_step: sequence length s={s} exceeds block_size={config.block_size}; use "
+                         f"s <= {config.block_size} or a GPTConfig with a larger block_size")
+    as_dtype(dtype)
+    if backend not in BACKENDS:
+        raise ValueError(f"tp_train_step: backend={backend!r}; use one of {BACKENDS}")
+    plan = plan if plan is not None else gpt_tp_plan(vocab=vocab, sequence_parallel=sequence_parallel)
+    validate_plan(GPT(config), plan, t)
+    if is_sequence_parallel(plan):
+        check_sequence_divisible(s, t)
+        if not any(isinstance(style_of(v), VocabHeadParallel) for v in plan.values()):
+            raise ValueError("sequence parallelism on the whole GPT needs the vocabulary-parallel embedding and "
+                             "head: use gpt_tp_plan(vocab=True, sequence_parallel=True)")
+    return plan
