@@ -33,6 +33,8 @@
 - `faults`: `lost_time_figure`, `save_time_figure`: the share of time lost against the
   checkpoint interval with Young's and Daly's optima, save time against the state's size
   (chapter 18);
+- `launch`: `tokenizer_figure`: characters per token and the embedding's share of the
+  parameters, the character tokenizer beside BPE of growing vocabularies (chapter 19);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
   `show_source(obj)`, library code shown by reference (every chapter, from chapter 01); and what
   every figure shares: `time_unit`, the unit of every time axis (µs, ms or s, chosen from the
@@ -94,6 +96,7 @@ API = MappingProxyType({
     "drop_rate_figure": "experts",
     "lost_time_figure": "faults",
     "save_time_figure": "faults",
+    "tokenizer_figure": "launch",
     "time_unit": "display",
     "Units": "display",
     "time_title": "display",

@@ -13,6 +13,7 @@ import pytest
 
 import pipelib.viz as viz
 from pipelib.hardware.roofline import MeasuredOp, Roofline
+from pipelib.hf.tokenizer import TokenizerRow
 from pipelib.pipeline import explorer
 from pipelib.pipeline.schedules import make_schedule
 from pipelib.pipeline.simulate import Costs, simulate
@@ -125,6 +126,9 @@ SAMPLES = {
     "save_time_figure": lambda: viz.save_time_figure([{"mib": 16, "seconds": 0.05}, {"mib": 64, "seconds": 0.17}]),
     "explorer_figures": lambda: explorer.explorer_figures("zbv", 4, 8),
     "explorer_sweep": lambda: explorer.explorer_sweep("m", [2, 4, 8], schedule="1f1b", p=4),
+    "tokenizer_figure": lambda: viz.tokenizer_figure(
+        [TokenizerRow("characters", 100, 28_894, 28_894, 12_800, 144_192),
+         TokenizerRow("BPE 512", 512, 13_406, 28_894, 65_536, 196_928)]),
 }
 
 
