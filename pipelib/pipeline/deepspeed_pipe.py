@@ -3,10 +3,11 @@
 DeepSpeed (Rasley et al. 2020) pipelines a model given as a list of layers: `PipelineModule(
 layers, num_stages, loss_fn, partition_method)` keeps on each rank the layers of its stage, and
 `deepspeed.initialize` wraps it in a `PipelineEngine`, whose `train_batch(data_iter)` pulls
-`gradient_accumulation_steps` microbatches and runs its own 1F1B `TrainSchedule` (Narayanan et
-al. 2019's PipeDream-Flush: at most p microbatches in flight): stage s sends each microbatch's
-activation to stage s+1 with `dist.send` and receives its gradient back with `dist.recv`
-(DeepSpeed's `runtime/pipe/p2p.py`; the first message of a step carries the shapes). The
+`gradient_accumulation_steps` microbatches and runs its own 1F1B `TrainSchedule` (PipeDream's
+one-forward-one-backward order with a flush at the end of the batch, Narayanan et al. 2019 and
+2021: at most p microbatches in flight): stage s sends each microbatch's activation to stage s+1
+with `dist.send` and receives its gradient back with `dist.recv` (DeepSpeed's
+`runtime/pipe/p2p.py`; before the engine's first activation, a message with its shapes). The
 microbatches' gradients accumulate, each loss scaled by 1/m, then the optimizer steps. So
 DeepSpeed's pipeline configuration is partly in code (the layers, `num_stages`, how layers are
 cut into stages) and partly in its JSON (microbatches = `gradient_accumulation_steps`,
