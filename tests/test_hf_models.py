@@ -71,6 +71,20 @@ def test_pipelined_zero_and_tensor_parallel_equal_one_process():
     assert res.tp_local_share == pytest.approx((res.num_params - split / 2) / res.num_params)
 
 
+def test_tensor_parallel_with_grouped_query_attention():
+    """4 query heads sharing 2 key/value heads: k and v split by whole key/value heads, each rank
+    keeps the 2 query heads that read its one; equal to one process."""
+    from pipelib.hf.parallel import hf_tp_step
+    from pipelib.hf.spawned import run_spawned
+    from pipelib.results import check_against_reference
+
+    config = llama_config(kv_heads=2)
+    assert config.num_key_value_heads == 2 and build_llama(config).model.layers[0].self_attn.k_proj.out_features == 32
+    res = run_spawned(hf_tp_step, 2, (config, 4, 8), timeout=300)
+    check_against_reference(res, llama_reference(config, 4, 8), shared=True, rtol=1e-5, atol=1e-6)
+    assert res[0].stats["local_numel"] < res[0].stats["numel"]
+
+
 def test_bpe_shortens_sequences_and_grows_the_embedding():
     from pipelib.data import stdlib_text
     from pipelib.hf.tokenizer import compare_tokenizers, train_bpe

@@ -48,11 +48,12 @@ LLAMA_TP_PLAN = MappingProxyType({
 })
 
 
-def llama_config(gpt=None, *, vocab_size: int | None = None, intermediate_size: int | None = None):
+def llama_config(gpt=None, *, vocab_size: int | None = None, intermediate_size: int | None = None,
+                 kv_heads: int | None = None):
     """A `transformers.LlamaConfig` of `gpt`'s sizes (a `pipelib.model.GPTConfig`, default the
     book's tiny GPT): hidden n_embd, n_layer decoder layers, n_head heads (as many key/value
-    heads: no grouped-query attention), context block_size, MLP width 4 n_embd unless given,
-    untied head, SDPA attention, no dropout."""
+    heads unless `kv_heads`: grouped-query attention, Ainslie et al. 2023), context block_size,
+    MLP width 4 n_embd unless given, untied head, SDPA attention, no dropout."""
     from transformers import LlamaConfig
 
     from pipelib.model import GPTConfig
@@ -60,7 +61,7 @@ def llama_config(gpt=None, *, vocab_size: int | None = None, intermediate_size: 
     gpt = gpt or GPTConfig()
     return LlamaConfig(vocab_size=vocab_size or gpt.vocab_size, hidden_size=gpt.n_embd,
                        intermediate_size=intermediate_size or 4 * gpt.n_embd, num_hidden_layers=gpt.n_layer,
-                       num_attention_heads=gpt.n_head, num_key_value_heads=gpt.n_head,
+                       num_attention_heads=gpt.n_head, num_key_value_heads=kv_heads or gpt.n_head,
                        max_position_embeddings=gpt.block_size, tie_word_embeddings=False,
                        attention_dropout=0.0, attn_implementation="sdpa")
 
