@@ -205,3 +205,14 @@ def test_the_simulator_refuses_negative_and_non_finite_costs():
     for alpha, beta in ((-1e-6, 1e9), (0.0, 0.0), (float("nan"), 1e9), (0.0, float("inf"))):
         with pytest.raises(ValueError):
             Link("bad", alpha, beta)
+
+
+def test_the_simulators_costs_refuse_negative_and_non_finite_seconds():
+    from pipelib.pipeline.simulate import Costs
+
+    for field in ("F", "B", "I", "W", "p2p", "all_to_all"):
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=rf"Costs must be finite and >= 0.*'{field}'"):
+                Costs(**{field: bad})
+    with pytest.raises(ValueError, match=r"stage_factor"):
+        Costs(stage_factor=(1.0, float("nan")))

@@ -65,11 +65,16 @@ class Costs:
     all_to_all: float = 0.0    # per F, B and I of a chunk (expert parallelism, chapter 13)
 
     def __post_init__(self):
-        bad = {k: getattr(self, k) for k in (*"FBIW", "all_to_all") if getattr(self, k) < 0}
+        def ok(x):  # NaN and infinity fail too: a makespan of inf, a bubble of nan
+            return 0 <= x < float("inf")
+
+        bad = {k: getattr(self, k) for k in (*"FBIW", "all_to_all") if not ok(getattr(self, k))}
         bad.update({k: getattr(self, k) for k in ("stage_factor", "backward_factor")
-                    if any(f < 0 for f in getattr(self, k))})
+                    if not all(ok(f) for f in getattr(self, k))})
+        if not callable(self.p2p) and not ok(self.p2p):
+            bad["p2p"] = self.p2p
         if bad:
-            raise ValueError(f"Costs must be >= 0, got {bad}")
+            raise ValueError(f"Costs must be finite and >= 0 (seconds per op, per message), got {bad}")
 
     def compute(self, op: Op, stage: int) -> float:
         op = Op(op)
