@@ -48,7 +48,7 @@ from pipelib.context_parallel.layouts import layout_info
 from pipelib.trace import Kind
 
 
-def check_sizes(context: str, batch, heads, shard_len, head_dim, itemsize, n=1, kv_heads=None) -> int:
+def check_attention_sizes(context: str, batch, heads, shard_len, head_dim, itemsize, n=1, kv_heads=None) -> int:
     """Every size an integer >= 1 (a ValueError naming the first that is not); `kv_heads` (None:
     `heads`) must divide `heads`. Returns the K/V heads."""
     check_ints(context, batch=batch, heads=heads, shard_len=shard_len, head_dim=head_dim,
@@ -73,7 +73,7 @@ def ring_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: 
     """Ring attention: n - 1 K/V blocks forward; n - 1 K/V blocks and n dK/dV blocks backward,
     the dK/dV at `grad_width` (fp32 for 16-bit inputs). Only the `kv_heads` (default: heads)
     travel: with grouped-query attention the bytes are H_kv / H of multi-head attention's."""
-    kvh = check_sizes("ring_bytes", batch, heads, shard_len, head_dim, itemsize, n, kv_heads)
+    kvh = check_attention_sizes("ring_bytes", batch, heads, shard_len, head_dim, itemsize, n, kv_heads)
     block = 2 * batch * kvh * shard_len * head_dim * itemsize
     grads = n * block * grad_width(itemsize) // itemsize
     return {"forward": (n - 1) * block, "backward": (n - 1) * block + grads if n > 1 else 0}
@@ -81,7 +81,7 @@ def ring_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: 
 
 def allgather_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
     """All-gather (Llama 3): a ring all-gather of K/V forward, a reduce-scatter of dK/dV backward."""
-    check_sizes("allgather_bytes", batch, heads, shard_len, head_dim, itemsize, n)
+    check_attention_sizes("allgather_bytes", batch, heads, shard_len, head_dim, itemsize, n)
     block = 2 * batch * heads * shard_len * head_dim * itemsize
     return {"forward": (n - 1) * block, "backward": (n - 1) * block}
 
@@ -89,7 +89,7 @@ def allgather_bytes(batch: int, heads: int, shard_len: int, head_dim: int, items
 def ulysses_bytes(batch: int, heads: int, shard_len: int, head_dim: int, itemsize: int, n: int) -> dict:
     """Ulysses: (n-1)/n of Q, K, V and O forward, of dO, dQ, dK, dV backward (all-to-alls). The
     heads must split over the n ranks, as `ulysses_attention` requires."""
-    check_sizes("ulysses_bytes", batch, heads, shard_len, head_dim, itemsize, n)
+    check_attention_sizes("ulysses_bytes", batch, heads, shard_len, head_dim, itemsize, n)
     if heads % n:
         raise ValueError(f"ulysses_bytes: {heads} heads do not split over n={n} ranks ({heads} % {n} = "
                          f"{heads % n}); use a number of ranks that divides the heads")
@@ -114,7 +114,7 @@ def ring_time(profile, batch: int, heads: int, shard_len: int, head_dim: int, it
     lasts the longer of its compute (1/n of the rank's, over all `heads`) and one K/V block's
     message (`kv_heads` of them; K/V and dK/dV fly side by side backward, both counted at input
     width); the last hop of dK/dV home hides behind the deferred dQ (a fifth of one step's backward)."""
-    kvh = check_sizes("ring_time", batch, heads, shard_len, head_dim, itemsize, n, kv_heads)
+    kvh = check_attention_sizes("ring_time", batch, heads, shard_len, head_dim, itemsize, n, kv_heads)
     f, b = _compute(profile, batch, heads, shard_len, head_dim, n, causal)
     if n == 1:
         return f + b
@@ -145,7 +145,7 @@ def crossover_shard_len(flops: float, alpha: float, beta: float, batch: int, hea
     FLOPs each, at `flops` FLOP/s) equals one K/V block's message time alpha + 2 B H_kv c D i / beta.
     Without alpha, c* = i F / (2 pairs_share beta) * H_kv / H: grouped-query attention moves
     H_kv heads while computing over H, so its crossover is H_kv / H of multi-head attention's."""
-    kvh = check_sizes("crossover_shard_len", batch, heads, 1, head_dim, itemsize, 1, kv_heads)
+    kvh = check_attention_sizes("crossover_shard_len", batch, heads, 1, head_dim, itemsize, 1, kv_heads)
     for name, v, pos in (("flops", flops, True), ("beta", beta, True), ("alpha", alpha, False),
                          ("pairs_share", pairs_share, True)):
         check_number(v, name, positive=pos, context="crossover_shard_len")
@@ -177,7 +177,7 @@ def ring_memory(batch: int, heads: int, shard_len: int, head_dim: int, itemsize:
     K, V at H_kv; receive buffers only with `ranks` > 1; accumulators at `grad_width`; the score
     block of the longest piece (c/2 under zigzag, else c; at most `tile`). Not counted: dO
     (autograd's) and the temporaries inside one block's compute."""
-    kvh = check_sizes("ring_memory", batch, heads, shard_len, head_dim, itemsize, ranks, kv_heads)
+    kvh = check_attention_sizes("ring_memory", batch, heads, shard_len, head_dim, itemsize, ranks, kv_heads)
     if tile is not None:
         check_int(tile, "tile", context="ring_memory", hint="rows per attention tile, or None for whole pieces")
     n1, ring = batch * shard_len * head_dim, ranks > 1
