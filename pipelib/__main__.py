@@ -108,7 +108,8 @@ def train_command(args) -> int:
     except (RuntimeError, ValueError, TypeError, OSError) as e:
         print(f"pipelib train: {e}" if not str(e).startswith("pipelib train") else str(e), file=sys.stderr)
         return 2
-    return train_from_env(recipe, plan, device=args.device, check=args.check, out=args.out)
+    return train_from_env(recipe, plan, device=args.device, check=args.check, out=args.out,
+                          checkpoint=args.checkpoint, save_every=args.save_every, crash_after=args.crash_after)
 
 
 def main(argv=None) -> int:
@@ -125,6 +126,9 @@ def main(argv=None) -> int:
     t.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     t.add_argument("--check", action="store_true", help="rank 0 also trains one process and compares")
     t.add_argument("--out", help="rank 0 writes what every rank measured here, as JSON")
+    t.add_argument("--checkpoint", help="a directory: save there, resume from its last committed step")
+    t.add_argument("--save-every", type=int, default=1, help="steps between checkpoints")
+    t.add_argument("--crash-after", type=int, help="the first attempt fails after this step (to see a restart)")
     sub.add_parser("doctor", help="what this machine offers; start a small cluster")
     args = ap.parse_args(argv)
     return {"check": lambda: check(args.device), "train": lambda: train_command(args), "doctor": doctor}[args.cmd]()

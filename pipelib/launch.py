@@ -73,9 +73,29 @@ def preflight(recipe, plan, device: str = "auto", environ=None) -> tuple[dict, s
     return env, device
 
 
+def _attempt_store(env: dict):
+    """torchrun's store under a prefix of this attempt: after a restart (--max-restarts) the
+    workers make their groups again, and a key left by the failed attempt must not be read."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.rendezvous import _create_c10d_store
+
+    store = _create_c10d_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env["RANK"],
+                               env["WORLD_SIZE"], datetime.timedelta(minutes=5))
+    return dist.PrefixStore(f"pipelib/attempt{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, out: str | None = None,
+                   checkpoint: str | None = None, save_every: int = 1, crash_after: int | None = None,
                    environ=None) -> int:
-    """One rank of a torchrun job: train `recipe` under `plan`; rank 0 reports. The exit code."""
+    """One rank of a torchrun job: train `recipe` under `plan`; rank 0 reports. The exit code.
+
+    With `checkpoint` (a directory every node can reach), the run saves every `save_every` steps
+    and, started again (torchrun --max-restarts restarts every worker after a failure), goes on
+    from the last committed step (`pipelib.checkpoint.resume.train_resumable`). `crash_after=k`
+    makes the first attempt fail after step k (torchrun's TORCHELASTIC_RESTART_COUNT is 0), to
+    see a restart resume."""
     import torch
     import torch.distributed as dist
 
@@ -85,11 +105,15 @@ def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, o
     env, device = preflight(recipe, plan, device, environ)
     if device == "cuda":
         torch.cuda.set_device(env["LOCAL_RANK"])
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", store=_attempt_store(env),
+                            rank=env["RANK"], world_size=env["WORLD_SIZE"])
     try:
         set_current(Device(env["RANK"], env["WORLD_SIZE"], DeviceSpec(device)))
         t0 = time.perf_counter()
-        result = train_plan(recipe, plan)
+        if checkpoint is None:
+            result = train_plan(recipe, plan)
+        else:
+            result = _resumable(recipe, plan, checkpoint, save_every, crash_after)
         seconds = time.perf_counter() - t0
         mine = {"rank": env["RANK"], "losses": list(result.losses), "times": list(result.times),
                 "bytes_sent": list(result.bytes_sent), "peak_bytes": result.peak_bytes, "seconds": seconds}
@@ -109,13 +133,31 @@ def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, o
         set_current(None)
 
 
+def _resumable(recipe, plan, root: str, save_every: int, crash_after: int | None):
+    """`train_resumable` as a StepResult: the steps this attempt ran (`stats["start"]` is its
+    first), the final parameters whole."""
+    from pipelib.checkpoint.resume import train_resumable
+    from pipelib.results import StepResult
+
+    first_attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    out = train_resumable(recipe, plan, root, save_every=save_every,
+                          crash_after=crash_after if first_attempt else None)
+    if out is None:
+        return StepResult()
+    import torch.distributed as dist
+
+    first = dist.get_rank() == 0  # every rank holds the global losses: one reports them
+    return StepResult(loss=out.losses[-1] if out.losses and first else None, losses=out.losses if first else (),
+                      params=out.params, stats={"start": out.start, "saved": out.saved})
+
+
 def _report(recipe, plan, results, everyone, out: str | None) -> int:
     """Rank 0: print and write what every rank measured; with every rank's `results`, the check
     against one process."""
     from pipelib.results import check_against_reference
 
-    losses = next(r["losses"] for r in everyone if r["losses"])
-    steps = len(losses)
+    losses = next((r["losses"] for r in everyone if r["losses"]), [])
+    steps = min(len(r["times"]) for r in everyone)  # a resumed run is checked, not timed: none
     report = {"plan": plan.to_dict(), "recipe": recipe.to_dict(), "world_size": len(everyone), "losses": losses,
               "step_seconds": [max(r["times"][s] for r in everyone) for s in range(steps)],
               "bytes_sent": {r["rank"]: r["bytes_sent"] for r in everyone},
@@ -124,8 +166,13 @@ def _report(recipe, plan, results, everyone, out: str | None) -> int:
     print(f"{plan} on {len(everyone)} ranks: losses {', '.join(f'{x:.4f}' for x in losses)}", flush=True)
     code = 0
     if results is not None:
+        ref, start = recipe.reference(), results[0].stats.get("start")
+        if start is not None:  # resumed at `start`: its steps' losses and the final parameters
+            report["resumed_at"] = start
+            print(f"resumed from the checkpoint of step {start}", flush=True)
+            ref = ref.__class__(losses=ref.losses[start:], params=ref.params)
         try:
-            agreed = check_against_reference(results, recipe.reference(), shared=True)
+            agreed = check_against_reference(results, ref, shared=True)
             report["check"] = str(agreed)
             print(f"equal to one process: {agreed}", flush=True)
         except AssertionError as e:

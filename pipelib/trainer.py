@@ -62,7 +62,7 @@ def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
                     opt.zero_grad(set_to_none=False)
                 times.append(m.time)
                 sent.append(m.bytes_sent)
-                losses.append(_mean_loss(loss, mesh, par))
+                losses.append(global_loss(loss, mesh, par))
         finally:
             par.close()
         final = par.unshard("data")
@@ -96,7 +96,7 @@ def _reports_loss(mesh, par) -> bool:
     return c.dp == 0 and c.tp == 0 and c.cp == 0
 
 
-def _mean_loss(loss, mesh, par) -> float:
+def global_loss(loss, mesh, par) -> float:
     """The global loss of a step: the mean of the dp ranks' losses (raw gloo, off the trace),
     sent from the rank that computed it to the others of its pipeline (also raw)."""
     value = torch.tensor([float(loss) if loss is not None else 0.0], dtype=torch.float64,

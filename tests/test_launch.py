@@ -96,3 +96,18 @@ def test_flags_override_the_files(tmp_path):
     assert plan == Plan(dp=2) and recipe.steps == 5 and recipe.batch_size == 8
     with pytest.raises(ValueError, match="--colour is neither a Plan nor a Recipe field"):
         load_plan_and_recipe(None, None, {"colour": 1})
+
+
+def test_torchrun_restarts_a_failed_run_from_its_last_checkpoint(tmp_path):
+    """--max-restarts 1: the first attempt fails after step 2 (every rank raises), torchrun starts
+    every worker again, they resume from step 2's checkpoint, and the run ends equal to one
+    process (the last two steps' losses and every parameter)."""
+    out, ck = tmp_path / "run.json", tmp_path / "checkpoints"
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+           *_files(tmp_path, {"dp": 2}), "--steps", "4", "--checkpoint", str(ck), "--crash-after", "2",
+           "--out", str(out)]
+    (log,) = _done([subprocess.Popen(cmd, cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)])
+    report = json.loads(out.read_text())
+    assert "crash injected after step 2" in log and report["resumed_at"] == 2
+    assert len(report["losses"]) == 2 and "2 step losses" in report["check"] and "DIFFERS" not in report["check"]

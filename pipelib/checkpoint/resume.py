@@ -55,7 +55,7 @@ def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_ev
     from pipelib.parallelize import parallelize
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
-    from pipelib.trainer import _mean_loss
+    from pipelib.trainer import global_loss
 
     mesh = Mesh(plan.topology()) if mesh is None else mesh
     group = grid_group(mesh)  # every rank of the world, before those off the grid leave
@@ -81,7 +81,7 @@ def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_ev
             if step not in skipped and step not in skip_steps:
                 opt.step()
             opt.zero_grad(set_to_none=False)
-            losses.append(_mean_loss(loss, mesh, par))
+            losses.append(global_loss(loss, mesh, par))
             if (step + 1) % save_every == 0 or step + 1 == stop:
                 save_training(par, opt, root, step + 1, recipe=recipe, keep=keep, group=group)
                 saved.append(step + 1)
