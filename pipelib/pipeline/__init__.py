@@ -9,6 +9,8 @@
 - `executor`: `execute`, the one executor: any validated schedule, on this rank's stages;
 - `step`: the step API: `check_step`, `train_step`, `run_train_step` (checked against `Recipe(...).first_step()`);
 - `gpt`: the tiny GPT as a pipeline: stages cut between blocks, the tied embedding's gradient;
+- `deepspeed_pipe`: DeepSpeed's pipeline engine (`PipelineModule`) on chapter 12's MLP without a
+  launcher, beside the executor (chapter 19);
 - `blocking`: teaching foil: blocking sends and receives, which deadlock 1F1B (chapter 12);
 - `paired`: 1F1B as picotron runs it, each send paired with the next receive in one
   `batch_isend_irecv`, and its virtual-clock step time (`predict_paired`) (chapter 12);
