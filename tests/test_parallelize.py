@@ -114,6 +114,17 @@ def test_dp2_tp2_pp2_every_axis_at_once_equals_one_process_and_bytes_per_axis(cl
     assert sum(r.losses != () for r in results) == 1  # one rank reports the loss
 
 
+def test_dp2_tp2_pp2_with_zero1_over_dp_equals_one_process(cluster8):
+    """Chapter 15's run: the same grid with ZeRO-1 over the dp axis inside each pipeline stage
+    (each stage's optimizer state sharded over its 2 dp ranks), fp32 as ZeRO's flat buffers are.
+    SGD: Adam would turn the key bias's gradient, zero in exact arithmetic and
+    rounding noise in fp32, into steps of lr size (chapter 09)."""
+    recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2, optimizer="sgd")
+    results = run(cluster8, recipe, Plan(dp=2, tp=2, pp=2, microbatches=2, data_parallel="zero1"))
+    agreed = check_against_reference(results, recipe.reference(), shared=True, rtol=1e-5, atol=1e-6)
+    assert agreed.num_losses == 3 and cluster8.trace().bytes_sent(axis="dp") > 0
+
+
 def test_sequence_parallel_inside_interleaved_pipeline_stages_equals_one_process(cluster4):
     """tp=2 x pp=2 with sequence parallelism, 2 chunks per rank: each stage's layer norms summed
     over tp when its last backward is done, and half the activation bytes between stages."""
