@@ -80,11 +80,13 @@ def died_message(dead: list[int], name: str, activities: dict[int, str], errors:
 
 
 def stuck_message(stuck: list[int], name: str, timeout: float, activities: dict[int, str],
-                  errors: dict, broken: bool) -> str:
+                  errors: dict, broken: bool, late: dict | None = None) -> str:
     """`RankTimeoutError`'s message: what each stuck rank was doing, the others' failures, and
-    what to change (a deadlock, a dead peer, or a timeout too short for slow work)."""
+    what to change (a deadlock, a dead peer, or a timeout too short for slow work). `late`: what
+    stuck ranks raised once stopped (torch.distributed's own timeout, which fires with the run's)."""
     why = "after other ranks failed" if errors else f"within {timeout:g} s"
     lines = [f"rank {r} did not finish {name} {why}; it was doing: {activities[r]}" for r in stuck]
+    lines += [f"rank {r} then raised {short(e)}" for r, e in sorted((late or {}).items())]
     lines += [f"rank {r} failed: {short(e)}" for r, e in sorted(errors.items())]
     hint = ("A rank waiting for a peer that never sends is a deadlock or a dead peer; "
             "raise timeout= if the work is just slow.")

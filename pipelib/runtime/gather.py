@@ -13,7 +13,7 @@ import time
 
 from pipelib.runtime.errors import (RankDiedError, RankError, RankTimeoutError, died_message, raised_message,
                                     stuck_message)
-from pipelib.runtime.faults import broken_by, stopped_in_communication
+from pipelib.runtime.faults import broken_by, group_failed, stopped_in_communication
 
 
 def _interrupt(cluster, ranks) -> None:
@@ -79,14 +79,16 @@ def _fail_pending(cluster, pending, name, timeout, errors):
     end = time.monotonic() + 2.0
     while time.monotonic() < end and any(not ar.ready() for ar in pending.values()):
         cluster.client.wait(list(pending.values()), timeout=0.1)
+    late = {r: _error_of(ar) for r, ar in pending.items() if ar.ready()}
     if any(not ar.ready() for ar in pending.values()):
         cluster._broken = f"rank(s) {stuck} stuck in {name}"
     else:  # returned: from plain Python the cluster stays usable, from torch.distributed it does not
-        inside = [r for r, ar in pending.items() if stopped_in_communication(_error_of(ar))]
+        inside = [r for r, e in late.items() if stopped_in_communication(e)]
         if inside:
             cluster._broken = (f"rank(s) {inside} timed out inside torch.distributed in {name} "
                                f"(gloo closes a connection that timed out)")
-    raise RankTimeoutError(stuck_message(stuck, name, timeout, acts, errors, bool(cluster._broken)), stuck)
+    late = {r: e for r, e in late.items() if group_failed(e)}  # gloo's own timeout: worth a line
+    raise RankTimeoutError(stuck_message(stuck, name, timeout, acts, errors, bool(cluster._broken), late), stuck)
 
 
 def _error_of(ar):

@@ -248,9 +248,12 @@ def test_a_collective_given_a_list_is_a_type_error_naming_it(c4):
 
 def test_after_a_collective_timed_out_every_call_says_restart_in_one_line():  # K04, X01
     with Cluster(2, timeout=3) as c:
-        with pytest.raises(RankTimeoutError, match=r"rank 0 did not finish all_reduce_but_last_rank .*"
-                                                   r"agreement check of all_reduce: waiting for ranks \[1\]"):
-            c.run(all_reduce_but_last_rank)
+        assert c.run(all_reduce_ones) == [[2.0] * 4] * 2  # modules imported: the next call waits at once
+        # the run gives up at 1.5 s, while gloo's own timeout (the cluster's, 3 s) still holds the rank
+        with pytest.raises(RankTimeoutError, match=r"(?s)rank 0 did not finish all_reduce_but_last_rank within 1\.5 s; "
+                                                   r"it was doing: agreement check of all_reduce: waiting for ranks "
+                                                   r"\[1\] to call it too.*Call cluster\.restart\(\) to continue"):
+            c.run(all_reduce_but_last_rank, timeout=1.5)
         for _ in range(3):
             t0 = time.monotonic()
             with pytest.raises(ClusterError) as err:
@@ -261,6 +264,15 @@ def test_after_a_collective_timed_out_every_call_says_restart_in_one_line():  # 
                 time.monotonic() - t0 < 0.5
         c.restart()
         assert c.run(all_reduce_ones) == [[2.0] * 4] * 2
+
+
+def test_a_collective_that_times_out_in_gloo_first_is_one_error_and_breaks_the_cluster():  # K04 at equal timeouts
+    with Cluster(2, timeout=3) as c:
+        assert c.run(all_reduce_ones) == [[2.0] * 4] * 2
+        with pytest.raises(ClusterError, match=r"(?s)rank 0 .*all_reduce_but_last_rank.*restart\(\)"):
+            c.run(all_reduce_but_last_rank)  # gloo and the run give up at about the same time: either error
+        with pytest.raises(ClusterError, match=r"^the cluster is unusable after .*: call cluster\.restart\(\)"):
+            c.run(all_reduce_ones)
 
 
 def ring_head_dim_zero():  # A11: ZeroDivisionError: float division by zero
