@@ -51,3 +51,13 @@ def check_rank(rank, n: int, context: str = "", name: str = "rank") -> int:
         where = f"{context}: " if context else ""
         raise ValueError(f"{where}{name}={rank!r}; pass an integer in 0..{n - 1} (one of the {n} ranks)")
     return rank
+
+
+def checked_by(check):
+    """Give an engine function its notebook-side check: `Cluster.run(fn, *args, **kwargs)` calls
+    `check(world_size, *args, **kwargs)` in the notebook first, so a chapter that calls a step
+    straight through the cluster gets every argument error before any engine works."""
+    def mark(fn):
+        fn.notebook_check = check
+        return fn
+    return mark

@@ -6,8 +6,7 @@ notebook's own process (F50 looped forever). The engine cases are
 tests/runtime/test_bad_input_cluster.py; the seeded search over the pure layer's signatures is
 tests/test_bad_input_property.py.
 
-Cases whose check belongs in a file this change did not touch are marked xfail(strict=True)
-with the file and function: they start passing, and then fail as xfails, once the check lands.
+Every case raises a clear error before any engine work.
 """
 from __future__ import annotations
 
@@ -237,7 +236,6 @@ def test_run_checks_its_timeout_before_any_engine_work():  # C15, C16
 
 
 # ----------------------------------------------------------------------------- runners (lead's files)
-LEAD = "the check belongs in a file owned by the lead: "
 
 
 def _runner_cases():
@@ -250,7 +248,6 @@ def _runner_cases():
 
     c = NoCluster()
     SMALL = Recipe(MLPConfig(in_features=30, hidden=50, out_features=7, num_layers=3), batch_size=8)
-    xfail = pytest.mark.xfail
     return [
         pytest.param(lambda: run_ddp(c, "bucket", ODD), r"step='bucket'", id="D01"),
         pytest.param(lambda: run_ddp(c, "buckets", ODD, bucket_bytes=0), r"bucket_bytes=0", id="D02"),
@@ -264,10 +261,8 @@ def _runner_cases():
         pytest.param(lambda: run_ddp(c, "all_reduce", ODD, optimizer="adamw"), r"optimizer='adamw'", id="D10"),
         pytest.param(lambda: run_ddp(c, "overlap", ODD, comm="nccl"), r"comm='nccl'", id="D11"),
         pytest.param(lambda: run_ddp(c, "all_reduce", ODD, model_seeds=[0, 0, 7]), r"3 seeds for 4 ranks", id="D12"),
-        pytest.param(lambda: run_ddp(c, "all_reduce", ODD, lr=-1.0), r"lr=-1\.0", id="D13",
-                     marks=xfail(strict=True, reason=LEAD + "data_parallel/runner.py check_run: lr > 0")),
-        pytest.param(lambda: run_ddp(c, "all_reduce", {"n_layer": 2}), r"config", id="D14",
-                     marks=xfail(strict=True, reason=LEAD + "data_parallel/runner.py run_ddp: the config's type")),
+        pytest.param(lambda: run_ddp(c, "all_reduce", ODD, lr=-1.0), r"lr=-1\.0", id="D13"),
+        pytest.param(lambda: run_ddp(c, "all_reduce", {"n_layer": 2}), r"config", id="D14"),
         pytest.param(lambda: run_ddp(c, "all_reduce", ODD, profile="h1000"), r"'h1000'", id="D15"),
         pytest.param(lambda: run_ddp(c, "all_reduce", ODD, ranks=0), r"ranks=0", id="D15b"),
         pytest.param(lambda: run_ddp(c, "all_reduce", ODD, batch=8.0), r"batch=8\.0", id="D15c"),
@@ -282,34 +277,25 @@ def _runner_cases():
         pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLPConfig(num_layers=2)), r"cannot split 2 layers",
                      id="P08"),
         pytest.param(lambda: run_train_step(c, "1f1b", 4, None, MLP16), r"needs p \(ranks\) and m", id="P09"),
-        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, dtype="float32"), r"dtype='float32'", id="P10",
-                     marks=xfail(strict=True, reason=LEAD + "pipeline/step.py check_step: dtype a torch.dtype")),
-        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, balance="bogus"), r"balance='bogus'", id="P12",
-                     marks=xfail(strict=True, reason=LEAD + "pipeline/step.py check_step: stage.partition first")),
-        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, steps=0), r"steps=0", id="P13",
-                     marks=xfail(strict=True, reason=LEAD + "pipeline/step.py check_step: check_int(steps)")),
-        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, batch_size=8.0), r"batch_size=8\.0", id="P16",
-                     marks=xfail(strict=True, reason=LEAD + "pipeline/step.py check_step: check_int(batch_size)")),
-        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, batch_size=0), r"batch_size=0", id="P17",
-                     marks=xfail(strict=True, reason=LEAD + "pipeline/step.py: `batch_size or 2 * m` -> is None")),
-        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, recv_ahead=-1), r"recv_ahead=-1", id="P18",
-                     marks=xfail(strict=True, reason=LEAD + "pipeline/step.py check_step: check_int(recv_ahead, 0)")),
+        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, dtype="float32"), r"dtype='float32'", id="P10"),
+        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, balance="bogus"), r"balance='bogus'", id="P12"),
+        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, steps=0), r"steps=0", id="P13"),
+        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, batch_size=8.0), r"batch_size=8\.0", id="P16"),
+        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, batch_size=0), r"batch_size=0", id="P17"),
+        pytest.param(lambda: run_train_step(c, "1f1b", 4, 8, MLP16, recv_ahead=-1), r"recv_ahead=-1", id="P18"),
         pytest.param(lambda: run_recompute_gpt_step(c, "1f1b", 4, 8, PIPE, policy="fulll"), r"'fulll'", id="R01"),
         pytest.param(lambda: run_recompute_gpt_step(c, "1f1b", 4, 8, PIPE, policy="every_k", k=0), r"k=0", id="R02"),
         pytest.param(lambda: run_recompute_gpt_step(c, "1f1b", 8, 8, PIPE, policy="full"), r"needs 8 ranks",
                      id="R03"),
         pytest.param(lambda: run_recompute_gpt_step(c, "1f1b", 4, 8, PIPE, policy="full", capacity=0),
-                     r"capacity=0", id="R04",
-                     marks=xfail(strict=True, reason=LEAD + "recompute/pipeline.py: `capacity or ...` -> is None "
-                                                            "and check_int(capacity)")),
+                     r"capacity=0", id="R04"),
         pytest.param(lambda: run_recompute_gpt_step(c, "1f1b", 4, 8, PIPE, policy="full", batch_size=12),
                      r"batch_size=12", id="R05"),
         pytest.param(lambda: run_recompute_gpt_step(c, "1f1b", 4, 8, GPTConfig(vocab_size=65, block_size=16,
                                                                                 n_layer=2, n_head=4, n_embd=32),
                                                     policy="full"), r"n_layer=2", id="R07"),
         pytest.param(lambda: run_recompute_gpt_step(c, "1f1b", 4, 8, PIPE, policy="full", batch_size=8.0),
-                     r"batch_size=8\.0", id="R09",
-                     marks=xfail(strict=True, reason=LEAD + "pipeline/step.py check_gpt_step: check_int(batch_size)")),
+                     r"batch_size=8\.0", id="R09"),
         pytest.param(lambda: measure(c, Setting(p=8)), r"needs 8 ranks", id="E04"),
         pytest.param(lambda: train_zero(c, SMALL, 4), r"stage=4 is not a ZeRO stage", id="Z01"),
         pytest.param(lambda: train_zero(c, SMALL, "2"), r"stage='2'", id="Z02"),
@@ -318,13 +304,9 @@ def _runner_cases():
         pytest.param(lambda: train_zero(c, {"kind": "cnn"}, 1), r"pass a pipelib\.recipe\.Recipe", id="Z08"),
         pytest.param(lambda: Recipe(MLPConfig(), batch_size=8.0), r"batch_size=8\.0", id="Z12"),
         pytest.param(lambda: Recipe(MLPConfig(), steps=0), r"steps=0", id="Z07"),
-        pytest.param(lambda: train_zero(c, SMALL, 1, steps=0), r"steps=0", id="Z07b",
-                     marks=xfail(strict=True, reason=LEAD + "data_parallel/zero_runner.py train_zero: the "
-                                                            "keywords it forwards (steps, lr) checked")),
-        pytest.param(lambda: train_zero(c, SMALL, 1, lrr=1e-3), r"lrr", id="Z10",
-                     marks=xfail(strict=True, reason=LEAD + "zero_runner.py train_zero: unknown keywords")),
-        pytest.param(lambda: train_zero(c, SMALL, 1, lr=-1), r"lr=-1", id="Z11",
-                     marks=xfail(strict=True, reason=LEAD + "data_parallel/zero_runner.py train_zero: lr > 0")),
+        pytest.param(lambda: train_zero(c, SMALL, 1, steps=0), r"steps=0", id="Z07b"),
+        pytest.param(lambda: train_zero(c, SMALL, 1, lrr=1e-3), r"lrr", id="Z10"),
+        pytest.param(lambda: train_zero(c, SMALL, 1, lr=-1), r"lr=-1", id="Z11"),
     ]
 
 
@@ -338,7 +320,6 @@ def test_a_runner_checks_its_arguments_in_the_notebook_before_any_engine_work(ca
     pytest.param(lambda: _measure_policy(batch=0), r"batch=0", id="F27"),
     pytest.param(lambda: _measure_policy(batch=4.0), r"batch=4\.0", id="F28b"),
 ])
-@pytest.mark.xfail(strict=True, reason=LEAD + "recompute/measure.py measure_policy: check_int(batch), check_int(seq)")
 def test_measure_policy_checks_its_batch(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         bounded(call)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from pipelib.checks import checked_by
 from pipelib.context_parallel.partition import check_layout, split_sequence
 from pipelib.context_parallel.variants import variant_info
 from pipelib.results import StepResult, check_against_reference
@@ -38,6 +39,16 @@ def attention_inputs(seq_len: int, batch: int = 1, heads: int = 4, head_dim: int
     return [q, k, v, dout]
 
 
+def _check_attention_call(world_size, variant, seq_len, *, batch=1, heads=4, head_dim=8, layout="zigzag",
+                          tile=None, kv_heads=None, group=None, **_):
+    from pipelib.context_parallel.variants import check_attention_step
+
+    if group is None:  # a subgroup's size is the engines' to know
+        check_attention_step(variant, seq_len, world_size, batch=batch, heads=heads, head_dim=head_dim,
+                             layout=layout, tile=tile, kv_heads=kv_heads)
+
+
+@checked_by(_check_attention_call)
 def attention_step(variant: str, seq_len: int, *, batch: int = 1, heads: int = 4, head_dim: int = 8,
                    layout: str = "zigzag", causal: bool = True, dtype=torch.float64, seed: int = 0,
                    group=None, inputs=None, tile: int | None = None,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipelib.checks import check_int
+from pipelib.checks import check_int, check_number
 from pipelib.data_parallel.steps import DDP_STEPS, accumulate_context, ddp_step
 from pipelib.recipe import OPTIMIZERS as _ALL_OPTIMIZERS
 from pipelib.recipe import build_model, global_batch, loss_of  # noqa: F401  (chapter 07 imports them here)
@@ -79,11 +79,14 @@ def run_ddp(cluster, step: str = "no_sync", config=None, *, ranks=None, steps: i
     simulated devices use for this run instead of the cluster's (what-if links and devices
     without restarting the cluster)."""
     from pipelib.costmodel import get_profile
-    from pipelib.model import GPTConfig
+    from pipelib.model import GPTConfig, MLPConfig
 
     profile = None if profile is None else get_profile(profile)  # a ValueError names a bad one
     group = check_run(cluster.world_size, step, ranks, batch, accumulate, steps, bucket_bytes, comm, optimizer)
+    check_number(lr, "lr", positive=True, context="run_ddp", hint="the learning rate")
     config = GPTConfig() if config is None else config
+    if not isinstance(config, (GPTConfig, MLPConfig)):
+        raise TypeError(f"run_ddp: config={config!r}; pass a pipelib.model.GPTConfig or MLPConfig")
     seeds = [seed] * cluster.world_size if model_seeds is None else list(model_seeds)
     if len(seeds) != cluster.world_size:
         raise ValueError(f"run_ddp: model_seeds has {len(seeds)} seeds for {cluster.world_size} ranks")

@@ -24,6 +24,8 @@ Introduced in chapter 08.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import torch
 
 from pipelib.results import StepResult
@@ -130,6 +132,24 @@ def check_recipe(recipe, context: str):
     return recipe
 
 
+# what a ZeRO run takes beside its recipe: zero_train's own keywords and ZeRO's options
+RUN_KEYWORDS = frozenset({"accumulate", "timed", "reduce_dtype", "prefetch", "reshard_after_forward",
+                          "param_dtype", "units", "check"})
+RECIPE_KEYWORDS = MappingProxyType({"steps": "steps", "batch": "batch_size", "lr": "lr",
+                                    "mixed_precision": "mixed_precision", "optimizer": "optimizer"})
+
+
+def check_keywords(kw: dict, context: str) -> None:
+    """A keyword that belongs to the recipe says how to set it there; an unknown one lists the
+    known ones: a TypeError in the notebook, before any engine work."""
+    for k, v in kw.items():
+        if k in RECIPE_KEYWORDS:
+            raise TypeError(f"{context}: {k}={v!r} belongs to the recipe: pass "
+                            f"recipe.replace({RECIPE_KEYWORDS[k]}={v!r})")
+        if k not in RUN_KEYWORDS:
+            raise TypeError(f"{context}: unknown keyword {k}={v!r}; use some of {sorted(RUN_KEYWORDS)}")
+
+
 def check_world(cluster, world_size, batch: int, context: str) -> int:
     """The data-parallel size to use: checked against the cluster and the batch, in the kernel,
     before any engine work."""
@@ -155,6 +175,7 @@ def train_zero(cluster, recipe, stage: int, *, world_size: int | None = None, **
     from pipelib.data_parallel.zero_formulas import check_stage
 
     check_stage(stage, "train_zero")
+    check_keywords(kw, "train_zero")
     batch = check_recipe(recipe, "train_zero").batch_size
     n = check_world(cluster, world_size, batch, "train_zero")
     k = check_int(kw.get("accumulate", 1), "accumulate", context="train_zero", hint="micro-batches per step")
@@ -188,6 +209,7 @@ def train_hsdp(cluster, recipe, stage: int = 3, *, shard: int, **kw) -> list:
 
     check_stage(stage, "train_hsdp")
     check_int(shard, "shard", context="train_hsdp", hint="ranks each shard group holds")
+    check_keywords(kw, "train_hsdp")
     world, batch = cluster.world_size, check_recipe(recipe, "train_hsdp").batch_size
     if world % shard or batch % world:
         raise ValueError(f"train_hsdp: shard={shard} and batch={batch} on {world} ranks; the shard group "

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from pipelib.batches import global_batch
+from pipelib.checks import check_int
 from pipelib.comm import collectives
 from pipelib.comm import p2p as comms
 from pipelib.model import GPT, GPTConfig, cross_entropy
@@ -179,6 +180,8 @@ def check_gpt_step(schedule, p=None, m=None, gpt_config=None, batch_size=None, *
                    world_size: int | None = None) -> Schedule:
     """Every check of a GPT pipeline step that needs no engine (see `pipeline.check_step`)."""
     cfg = gpt_config or PIPELINE_GPT
+    if batch_size is not None:
+        check_int(batch_size, "batch_size", hint="rows of the global batch")
     s = check_step(schedule, p, m, None, batch_size, num_chunks=num_chunks, world_size=world_size)
     if cfg.n_layer < s.num_stages:
         raise ValueError(f"GPTConfig(n_layer={cfg.n_layer}) has {cfg.n_layer} blocks but schedule "

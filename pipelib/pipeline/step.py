@@ -104,7 +104,18 @@ class StepOptions:
         return cls(**{k: v for k, v in kw.items() if k in names}), {k: v for k, v in kw.items() if k not in names}
 
     def rows(self, s: Schedule) -> int:
-        return self.batch_size or 2 * s.num_microbatches
+        return 2 * s.num_microbatches if self.batch_size is None else self.batch_size
+
+    def validated(self, kw: dict) -> StepOptions:
+        """The options' values, in the notebook: sizes are whole and positive, dtype a torch.dtype."""
+        if self.batch_size is not None:
+            check_int(self.batch_size, "batch_size", hint="rows of the global batch")
+        check_int(self.recv_ahead, "recv_ahead", minimum=0, hint="receives posted ahead")
+        if "steps" in kw:
+            check_int(kw["steps"], "steps", hint="optimizer steps")
+        if not isinstance(self.dtype, torch.dtype):
+            raise TypeError(f"dtype={self.dtype!r}: pass a torch.dtype, e.g. dtype=torch.float32")
+        return self
 
     def execute_kw(self) -> dict:
         return dict(costs=self.costs, recv_ahead=self.recv_ahead, check=self.check)
@@ -226,6 +237,9 @@ def run_train_step(cluster, schedule, p=None, m=None, model_config=None, batch_s
     from pipelib.model import MLPConfig
 
     opts, _ = StepOptions.split(kw, train_step)  # an unknown keyword fails here, as a TypeError
+    opts.validated(kw)
     s = check_step(schedule, p, m, model_config or MLPConfig(), opts.batch_size,
                    num_chunks=opts.num_chunks, world_size=cluster.world_size)
+    layers = (model_config or MLPConfig()).num_layers
+    partition(layers, s.num_stages, opts.balance, [1.0] * layers)  # an unknown balance: here, not on an engine
     return cluster.run(train_step, s, None, None, model_config, batch_seed, **kw)

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from pipelib.batches import global_batch
+from pipelib.checks import check_int
 from pipelib.model import GPT
 from pipelib.recompute.policies import apply_recompute
 from pipelib.runtime.memtrack import MemoryTracker
@@ -72,9 +73,12 @@ def measure_policy(cfg, policy: str = "none", k: int | None = None, batch: int =
     `capacity` (bytes) gives the tracker a simulated device's limit for the whole step:
     parameters, gradients and saved activations; going over raises `SimulatedOutOfMemoryError`.
     `model` (built from cfg if None) lets a caller pass one already set up."""
+    check_int(batch, "batch", context="measure_policy", hint="rows of the batch")
+    if seq is not None:
+        check_int(seq, "seq", context="measure_policy", hint=f"tokens per row, at most block_size={cfg.block_size}")
     model = (model or GPT(cfg, seed=model_seed).to(dtype))
     apply_recompute(model, policy, k)
-    seq = seq or cfg.block_size
+    seq = cfg.block_size if seq is None else seq
     idx, targets = global_batch(cfg, batch, 0, batch_seed, seq_len=seq)
     tracker = MemoryTracker(capacity=capacity)
     tracker.track_module(model)

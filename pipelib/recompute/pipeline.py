@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pipelib.checks import check_int
 from pipelib.pipeline.gpt import PIPELINE_GPT, check_gpt_step, gpt_train_step
 from pipelib.pipeline.step import StepOptions
 from pipelib.recompute.policies import apply_recompute, check_policy
@@ -50,6 +51,8 @@ def run_recompute_gpt_step(cluster, schedule, p=None, m=None, gpt_config=None,
                            batch_seed: int = 0, **kw) -> list:
     """Check in the notebook process (the schedule, the policy, k), then run on every rank."""
     cfg = gpt_config or PIPELINE_GPT
+    if kw.get("capacity") is not None:  # 0 is a capacity a reader may mean: refused, not ignored
+        check_int(kw["capacity"], "capacity", hint="bytes the simulated device holds")
     StepOptions.split({k: v for k, v in kw.items() if k not in ("policy", "k", "capacity")}, gpt_train_step)
     s = check_gpt_step(schedule, p, m, cfg, kw.get("batch_size"), world_size=cluster.world_size)
     check_policy(kw.get("policy", "none"), kw.get("k"), cfg.n_layer)

@@ -207,6 +207,9 @@ class Cluster:
         bad = [r for r in ranks if not 0 <= r < self.world_size]
         if bad:
             raise ValueError(f"ranks {bad} are outside 0..{self.world_size - 1}")
+        check = getattr(fn, "notebook_check", None)  # `pipelib.checks.checked_by`: in the notebook, first
+        if check is not None:
+            check(self.world_size, *args, **kwargs)
         ars = [self.client[self._eids[r]].apply_async(engine._run_on_rank, fn, args, kwargs) for r in ranks]
         name = getattr(fn, "__qualname__", repr(fn))
         return self._gather(ars, name, self.timeout if timeout is None else timeout, ranks=ranks)

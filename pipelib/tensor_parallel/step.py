@@ -15,6 +15,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from pipelib.checks import checked_by
 from pipelib.recipe import as_dtype
 from pipelib.results import StepResult
 
@@ -29,6 +30,9 @@ def tp_group(t: int):
     check_int(t, "t", context="tp_group", hint=f"the tensor-parallel degree, at most world_size={world}")
     if t > world:
         raise ValueError(f"tp_group: t={t} is larger than the world ({world} ranks); use t <= {world}")
+    from pipelib.comm.agreement import agree
+
+    agree("tp_group", None, t=t)  # a t that differs on one rank would make different groups: a hang
     mesh = Mesh.first(t, "tp")
     return mesh["tp"] if mesh.contains else None
 
@@ -91,6 +95,15 @@ def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, 
     return apply_tensor_parallel(model, group, plan, backend=backend, overlap=overlap), group
 
 
+def _check_tp_call(world_size, config, b, s, t, *, plan=None, sequence_parallel=False, vocab=True,
+                   dtype="float32", backend="pipelib", **_):
+    from pipelib.tensor_parallel.apply import check_tp_step
+
+    check_tp_step(config, b, s, t, world_size, plan=plan, sequence_parallel=sequence_parallel, vocab=vocab,
+                  dtype=dtype, backend=backend)
+
+
+@checked_by(_check_tp_call)
 def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_parallel: bool = False,
                   vocab: bool = True, dtype: str = "float32", seed: int = 0, data_seed: int = 1,
                   backend: str = "pipelib", overlap: bool = False, timed: bool = False) -> StepResult | None:

@@ -228,6 +228,19 @@ def test_a_tensor_parallel_batch_that_differs_is_named_with_every_ranks_shape(c4
                                                       r"shape/dtype differs: rank 0 \(2, 16\) int64, rank 1 \(4, 16\)")
 
 
+def tp_degree_differs():  # T12: a t that differs on one rank made different groups: a 22 s hang
+    import torch.distributed as dist
+
+    from pipelib.tensor_parallel.step import tp_group
+
+    tp_group(4 if dist.get_rank() == 3 else 2)
+
+
+def test_a_tensor_parallel_degree_that_differs_is_named_not_a_hang(c4):
+    _raises(c4, tp_degree_differs, match=r"tp_group: ranks disagree; t differs: rank 0 2, rank 1 2, rank 2 2, "
+                                         r"rank 3 4", limit=15.0)
+
+
 def test_ring_attention_layouts_that_differ_are_named(c4):
     _raises(c4, ring_layout_differs, match=r"ring_attention: ranks disagree; layout differs: rank 0 'zigzag', "
                                            r".*rank 3 'contiguous'")

@@ -105,12 +105,19 @@ def test_same_as_dtensor_tp(cluster4, t, sp):
             torch.testing.assert_close(ours[0].grads[name], theirs[0].grads[name], **tol)
 
 
-def test_bad_plan_fails_on_the_engines_with_the_values(cluster4):
+def test_bad_plan_fails_in_the_notebook_and_on_the_engines_with_the_values(cluster4):
+    """Through `Cluster.run` the step's check runs in the notebook, before any engine works;
+    called another way (here a partial, as a caller without the check would), the engines
+    raise the same."""
+    import functools
+
     from pipelib.runtime.errors import RankError
 
     bad = GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=6, n_embd=48)
-    with pytest.raises(RankError, match="n_head=6 is not divisible by the tensor-parallel degree t=4"):
+    with pytest.raises(ValueError, match="n_head=6 is not divisible by the tensor-parallel degree t=4"):
         cluster4.run(tp_train_step, bad, B, S, 4)
+    with pytest.raises(RankError, match="n_head=6 is not divisible by the tensor-parallel degree t=4"):
+        cluster4.run(functools.partial(tp_train_step, bad, B, S, 4))
 
 
 def test_torch_collectives_backend_gives_the_same_step_untraced(cluster4):
