@@ -114,6 +114,15 @@ def cp_group(ranks: int):
     return group if dist.get_rank() < ranks else None
 
 
+def _check_probe_call(world_size, variant, seq_len, ranks, capacity=None, *, batch=1, heads=4, head_dim=8,
+                      layout="zigzag", tile=None, kv_heads=None, **_):
+    from pipelib.context_parallel.variants import check_attention_step
+
+    check_attention_step(variant, seq_len, world_size, ranks=ranks, batch=batch, heads=heads, head_dim=head_dim,
+                         layout=layout, tile=tile, kv_heads=kv_heads)
+
+
+@checked_by(_check_probe_call)
 def memory_probe(variant: str, seq_len: int, ranks: int, capacity: int | None = None, **kw) -> dict | None:
     """One step of `variant` on ranks 0..ranks-1 (`cp_group`), on a simulated device of
     `capacity` bytes (None: the device's own): {"fits": True, "peak": bytes measured} or
