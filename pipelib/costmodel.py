@@ -42,9 +42,10 @@ class Link:
     beta: float   # bandwidth, bytes per second (one direction)
 
     def __post_init__(self):
-        if not (_finite(self.alpha) and self.alpha >= 0 and _finite(self.beta) and self.beta > 0):
-            raise ValueError(f"Link {self.name!r}: alpha={self.alpha!r}, beta={self.beta!r}; pass a latency "
-                             f"alpha >= 0 seconds and a bandwidth beta > 0 bytes per second, both finite")
+        # beta = inf is an ideal link (chapter 11: a message costs its latency alone); NaN is refused
+        if not (_finite(self.alpha) and self.alpha >= 0 and self.beta == self.beta and self.beta > 0):
+            raise ValueError(f"Link {self.name!r}: alpha={self.alpha!r}, beta={self.beta!r}; pass a finite latency "
+                             f"alpha >= 0 seconds and a bandwidth beta > 0 bytes per second (inf: an ideal link)")
 
     def time(self, nbytes: int) -> float:
         if not (nbytes >= 0 and nbytes != float("inf")):  # NaN fails too

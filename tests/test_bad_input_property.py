@@ -202,9 +202,10 @@ def test_the_simulator_refuses_negative_and_non_finite_costs():
     for nbytes in (-1, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             profile.message_time(nbytes)
-    for alpha, beta in ((-1e-6, 1e9), (0.0, 0.0), (float("nan"), 1e9), (0.0, float("inf"))):
+    for alpha, beta in ((-1e-6, 1e9), (0.0, 0.0), (float("nan"), 1e9), (0.0, float("nan")), (float("inf"), 1e9)):
         with pytest.raises(ValueError):
             Link("bad", alpha, beta)
+    assert Link("ideal", 1e-6, float("inf")).time(10**9) == 1e-6  # chapter 11's ideal link: latency alone
 
 
 def test_the_simulators_costs_refuse_negative_and_non_finite_seconds():
