@@ -107,8 +107,8 @@ def hf_checks(config=None, *, schedules=None, world_size: int = 2, batch: int = 
     from pipelib.results import check_against_reference
 
     config = config or llama_config()
-    schedules = schedules or (schedule_info("1f1b").make(world_size, 4),
-                              schedule_info("interleaved_1f1b").make(world_size, 4, 2))
+    schedules = schedules or (schedule_info(name="1f1b").make(world_size, 4),
+                              schedule_info(name="interleaved_1f1b").make(world_size, 4, 2))
     t0 = time.perf_counter()
     outs = run_spawned(_all_checks, world_size, (config, tuple(schedules), batch, seq_len, tuple(stages), seed),
                        timeout=timeout)

@@ -105,7 +105,8 @@ def _pipe_rank(rank, world_size, tmp, job):
         from pipelib.pipeline.step import train_step
 
         dist.barrier()
-        out["pipelib"] = train_step("1f1b", world_size, m, cfg, job["batch_seed"], batch_size=job["batch"],
+        out["pipelib"] = train_step(schedule="1f1b", p=world_size, m=m, model_config=cfg,
+                                    batch_seed=job["batch_seed"], batch_size=job["batch"],
                                     model_seed=job["model_seed"])
     torch.save(out, out_path)
     dist.barrier()

@@ -146,13 +146,13 @@ def axis_timeline_figure(trace: Trace, title: str = "Every axis's communication"
     names = [f"rank {r}" for r in range(trace.world_size)]
     fig = go.Figure()
 
-    def bars(evs, name, color, width, group):
+    def bars(evs, name, color, width, group, pattern=""):
         if not evs:
             return
         fig.add_trace(go.Bar(
             orientation="h", y=[names[e.rank] for e in evs], base=[rnd((e.start - t0) * scale) for e in evs],
             x=[rnd(e.duration * scale) for e in evs], name=name, legendgroup=group, width=width,
-            marker=dict(color=color, line=dict(width=0)),
+            marker=dict(color=color, line=dict(width=0), pattern_shape=pattern),
             customdata=[[e.label, e.bytes, rnd(e.duration * scale)] for e in evs],
             hovertemplate=f"<b>{name}</b> · %{{y}}<br>%{{customdata[0]}}<br>%{{customdata[1]}} bytes, "
                           f"%{{customdata[2]}} {unit}<extra></extra>"))
@@ -165,7 +165,7 @@ def axis_timeline_figure(trace: Trace, title: str = "Every axis's communication"
         sent = [e for e in trace.events if e.axis == axis and e.kind == Kind.TRANSFER and e.duration > 0
                 and not _inside(e, colls)]  # a collective's own messages are drawn as the collective
         bars(coll, f"{axis} collective", color, 0.5, axis)
-        bars(sent, f"{axis} transfer", color, 0.25, axis)
+        bars(sent, f"{axis} transfer", color, 0.25, axis, pattern="/")  # hatched: told from the collective
     fig.update_layout(title=title, barmode="overlay", xaxis_title=time_title(unit),
                       yaxis=dict(categoryorder="array", categoryarray=names[::-1]),
                       height=160 + 34 * trace.world_size, **_LOOK)
@@ -255,6 +255,6 @@ def plans_explorer_figure(scenarios: dict, title: str = "The planner's space: be
     first = next(iter(scenarios), "")
     fig.update_layout(title=f"{title}: {first}", barmode="stack", xaxis_title="step time (s)",
                       yaxis=dict(autorange="reversed", title="rank among feasible plans"), height=480,
-                      updatemenus=[dict(type="dropdown", x=0, y=1.0, xanchor="left", yanchor="bottom",
-                                        pad=dict(b=30), buttons=buttons)], **_LOOK)
+                      updatemenus=[dict(type="dropdown", x=1, y=1.0, xanchor="right", yanchor="bottom",
+                                        pad=dict(b=30), buttons=buttons)], **_LOOK)  # right: clear of the title
     return fig

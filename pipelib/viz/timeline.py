@@ -179,11 +179,14 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
     fig.update_layout(
         # two subtitle lines, so that neither runs into the legend at the top right
         title=dict(text=f"{title}<br><sub>{idle_name} {_bubble(traces, groups, overlay is not None)} of "
-                        f"{trace.world_size} ranks × step {steps} ·</sub><br><sub>idle: gaps{idle_bars}</sub>"),
+                        f"{trace.world_size} ranks × step {steps}</sub><br><sub>idle: gaps{idle_bars}</sub>"),
         xaxis=dict(title=time_title(unit), range=[0, span * scale * 1.02]),
         yaxis=dict(categoryarray=[n for r in rows for n in r][::-1], categoryorder="array"),
         height=260 + 38 * sum(t.world_size for t in traces), **LAYOUT,
     )
+    extra = 24 * (-(-sum(1 for d in fig.data if d.showlegend is not False) // 7) - 1)  # legend rows past one
+    if extra > 0:  # a long legend wraps upwards: give it room under the title instead of over it
+        fig.update_layout(margin=dict(t=LAYOUT["margin"]["t"] + extra), height=fig.layout.height + extra)
     if animate and trace.events:
         cuts = nice_cuts(span * scale, frames)  # in axis units
         fig.frames = [go.Frame(data=[b for t, k in zip(traces, keys)

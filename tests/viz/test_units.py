@@ -33,7 +33,7 @@ def test_unit_cost_timeline_says_units_of_f_in_axis_title_and_slider():
     sim = one_f_one_b()
     fig = timeline_figure(sim.events, "1F1B", unit="units of F")
     assert fig.layout.xaxis.title.text == "time (units of F)"
-    assert "step 33.0 F " in fig.layout.title.text and " s " not in fig.layout.title.text
+    assert "step 33.0 F</sub>" in fig.layout.title.text and " s " not in fig.layout.title.text
     assert fig.layout.xaxis.range[1] == pytest.approx(33 * 1.02)  # scale 1: the costs themselves
     slider = fig.layout.sliders[0]
     assert slider.currentvalue.suffix == " F"
