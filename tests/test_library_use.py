@@ -18,9 +18,9 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+from spawned import spawn_ranks  # tests/spawned.py
 
 # ----------------------------------------------------------------------------- the harness
 GROUPS = ("ddp", "zero", "tp_pipeline_ring")
@@ -51,15 +51,7 @@ def _worker(rank, path):
 def runs(tmp_path_factory):
     """Every group of checks on two spawned gloo ranks, in one spawn: {group: [rank 0's
     result, rank 1's]} (a group that raised on a rank holds {"error": traceback} there)."""
-    path = tmp_path_factory.mktemp("library_use")
-    ctx = mp.spawn(_worker, args=(str(path),), nprocs=2, join=False)
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the two spawned ranks did not finish within {DEADLINE_S} s")
-    outs = [torch.load(path / f"out{r}.pt", weights_only=False) for r in range(2)]
+    outs = spawn_ranks(_worker, 2, tmp_path_factory.mktemp("library_use"), DEADLINE_S)
     return {name: [o[name] for o in outs] for name in GROUPS}
 
 

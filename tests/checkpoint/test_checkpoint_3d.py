@@ -3,12 +3,11 @@ and its checkpoint (ZeRO-1 over dp) loaded at dp 4 x tp 2 with every bit of para
 optimizer state kept. The scenarios are those of test_checkpoint_reshard, on a larger world."""
 import datetime
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawned import spawn_ranks  # tests/spawned.py
 
 WORLD = 8
 DEADLINE_S = 300
@@ -39,15 +38,7 @@ def _worker(rank, path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    path = tmp_path_factory.mktemp("checkpoint_3d")
-    ctx = mp.spawn(_worker, args=(str(path),), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the {WORLD} spawned ranks did not finish within {DEADLINE_S} s")
-    return [torch.load(path / f"out{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_worker, WORLD, tmp_path_factory.mktemp("checkpoint_3d"), DEADLINE_S)
 
 
 def _rank0(runs, name):

@@ -14,12 +14,11 @@ One spawn for all (imports on four ranks cost seconds on two busy cores); each s
 on every rank, returns rank 0's facts, and the parent asserts them.
 """
 import os
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawned import spawn_ranks  # tests/spawned.py
 
 WORLD = 4
 DEADLINE_S = 420
@@ -145,15 +144,7 @@ def _worker(rank, path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    path = tmp_path_factory.mktemp("checkpoint_reshard")
-    ctx = mp.spawn(_worker, args=(str(path),), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the {WORLD} spawned ranks did not finish within {DEADLINE_S} s")
-    outs = [torch.load(path / f"out{r}.pt", weights_only=False) for r in range(WORLD)]
+    outs = spawn_ranks(_worker, WORLD, tmp_path_factory.mktemp("checkpoint_reshard"), DEADLINE_S)
     return {name: [o.get(name, {}) for o in outs] for name in _scenarios()}
 
 

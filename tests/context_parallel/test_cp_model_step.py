@@ -4,12 +4,10 @@ on the whole sequence (losses, gradients, parameters); on a cluster and under pl
 torch.distributed; and the global positions are what makes it so."""
 import os
 import sys
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from pipelib.context_parallel.model_step import cp_recipe
 from pipelib.context_parallel.partition import LAYOUTS
@@ -17,6 +15,7 @@ from pipelib.model import GPTConfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "comm"))
 from subgroups import group as _group  # noqa: E402  tests/comm/subgroups.py
+from spawned import spawn_ranks  # tests/spawned.py
 
 CFG = GPTConfig(vocab_size=17, block_size=32, n_layer=2, n_head=2, n_embd=16)
 B, S, STEPS = 2, 24, 3   # 24 splits into 2n zigzag chunks for n = 2, 3, 4
@@ -87,13 +86,7 @@ def _worker(rank, path):
 
 
 def test_cp_gpt_training_without_a_cluster(tmp_path):
-    ctx = mp.spawn(_worker, args=(str(tmp_path),), nprocs=2, join=False)
-    deadline = time.monotonic() + 180
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail("the two spawned ranks did not finish within 180 s")
+    outs = spawn_ranks(_worker, 2, tmp_path, 180)
     ref = cp_recipe(CFG, B, S, STEPS).reference()
-    for r in range(2):
-        _check(torch.load(tmp_path / f"out{r}.pt", weights_only=False), ref)
+    for out in outs:
+        _check(out, ref)

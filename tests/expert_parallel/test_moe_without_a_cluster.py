@@ -4,13 +4,11 @@ routes its own tokens; outputs and gradients (router and experts) equal one proc
 ranks' tokens through all experts; the uneven all-to-all equals `all_to_all_single`."""
 import datetime
 import os
-import time
 import traceback
 
-import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawned import spawn_ranks  # tests/spawned.py
 
 DEADLINE_S = 240
 WORLD = 3
@@ -61,14 +59,7 @@ def _worker(rank, path):
 
 
 def test_expert_parallel_moe_on_plain_torch_distributed(tmp_path):
-    ctx = mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD, join=False)
-    deadline = time.monotonic() + DEADLINE_S
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"the {WORLD} spawned ranks did not finish within {DEADLINE_S} s")
-    outs = [torch.load(tmp_path / f"out{r}.pt", weights_only=False) for r in range(WORLD)]
+    outs = spawn_ranks(_worker, WORLD, tmp_path, DEADLINE_S)
     assert not [o["error"] for o in outs if "error" in o]
     assert [o["experts"] for o in outs] == [["0", "1"], ["2", "3"], ["4", "5"]]
     assert all(o["output"] and o["expert_grads"] and o["router_grad"] and o["uneven"] for o in outs), outs
