@@ -249,11 +249,9 @@ def plans_explorer_figure(scenarios: dict, title: str = "The planner's space: be
                                  marker_color=GROUP_COLORS[i % len(GROUP_COLORS)], hovertext=hover,
                                  hovertemplate=f"{item}: %{{x:.3g}} s<br>%{{hovertext}}<extra></extra>"))
             visible.append(s_i)
-    buttons = [dict(label=name, method="update",
-                    args=[{"visible": [v == s_i for v in visible]}, {"title.text": f"{title}: {name}"}])
-               for s_i, name in enumerate(scenarios)]
-    first = next(iter(scenarios), "")
-    fig.update_layout(title=f"{title}: {first}", barmode="stack", xaxis_title="step time (s)",
+    buttons = [dict(label=name, method="update", args=[{"visible": [v == s_i for v in visible]}])
+               for s_i, name in enumerate(scenarios)]  # the menu shows the scenario: the title need not
+    fig.update_layout(title=title, barmode="stack", xaxis_title="step time (s)",
                       yaxis=dict(autorange="reversed", title="rank among feasible plans"), height=480,
                       updatemenus=[dict(type="dropdown", x=1, y=1.0, xanchor="right", yanchor="bottom",
                                         pad=dict(b=30), buttons=buttons)], **_LOOK)  # right: clear of the title

@@ -184,9 +184,11 @@ def timeline_figure(trace: Trace, title: str = "Timeline", *, animate: bool = Tr
         yaxis=dict(categoryarray=[n for r in rows for n in r][::-1], categoryorder="array"),
         height=260 + 38 * sum(t.world_size for t in traces), **LAYOUT,
     )
-    extra = 24 * (-(-sum(1 for d in fig.data if d.showlegend is not False) // 7) - 1)  # legend rows past one
-    if extra > 0:  # a long legend wraps upwards: give it room under the title instead of over it
-        fig.update_layout(margin=dict(t=LAYOUT["margin"]["t"] + extra), height=fig.layout.height + extra)
+    rows = -(-sum(1 for d in fig.data if d.showlegend is not False) // 6)  # legend rows, about 6 entries each
+    if rows > 1:  # a long legend wraps upwards: the title at the very top, the legend's rows under it
+        top = 80 + 30 * rows
+        fig.update_layout(title=dict(yref="container", y=1, yanchor="top", pad=dict(t=28)), margin=dict(t=top),
+                          height=fig.layout.height + top - LAYOUT["margin"]["t"])
     if animate and trace.events:
         cuts = nice_cuts(span * scale, frames)  # in axis units
         fig.frames = [go.Frame(data=[b for t, k in zip(traces, keys)
