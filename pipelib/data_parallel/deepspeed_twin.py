@@ -3,9 +3,9 @@
 DeepSpeed (Rasley et al. 2020) is the library ZeRO came from (Rajbhandari et al. 2020). It
 expects its own launcher (`deepspeed train.py`), which starts one process per rank and sets
 RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Here `run_deepspeed` does the
-launcher's job with `torch.multiprocessing.spawn` (fresh processes, outside the notebook's
-engine cluster), and makes the gloo process group itself, meeting at a file in a private
-directory rather than at a TCP store open on every interface; DeepSpeed finds it and uses it.
+launcher's job with `pipelib.runtime.spawn.run_spawned` (fresh processes, outside the notebook's
+engine cluster, which make the gloo process group themselves, meeting at a file in a private
+directory rather than at a TCP store open on every interface); DeepSpeed finds it and uses it.
 
 Two things DeepSpeed compiles on first use, and how this twin avoids both:
 
@@ -17,18 +17,15 @@ Two things DeepSpeed compiles on first use, and how this twin avoids both:
   build, to measure the difference).
 
 Every rank trains `steps` steps on its slice of the same batches as pipelib's ZeRO and the
-single process (`Recipe.batch`); rank 0 writes the gradients of the first step and the
+single process (`Recipe.batch`); rank 0 returns the gradients of the first step and the
 parameters after the last one, gathered to full tensors with `deepspeed.utils.safe_get_full_grad`
-/ `safe_get_full_fp32_param`, to a file the caller loads.
+/ `safe_get_full_fp32_param`.
 
 Introduced in chapter 08.
 """
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 import time
 
 
@@ -51,23 +48,15 @@ def deepspeed_config(stage: int, lr: float = 1e-3, micro_batch: int = 4, *, worl
     return cfg
 
 
-def _worker(rank, world_size, store_path, job, out_path):
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+def _deepspeed_rank(job):
+    """One spawned rank (`pipelib.runtime.spawn.run_spawned`: the gloo group is made): DeepSpeed
+    finds the default group and uses it. Rank 0 returns what the caller compares; the others None."""
     import logging
     import warnings
 
-    import torch
     import torch.distributed as dist
 
-    # the ranks meet at a file in a private directory, not at a TCP store (which listens on every
-    # interface): DeepSpeed finds the process group made and uses it (issue 27)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
-                            world_size=world_size)
-
     warnings.filterwarnings("ignore")  # deprecations inside DeepSpeed, not the reader's concern
-
-    torch.set_num_threads(1)
     import deepspeed
     from deepspeed.utils import logger, safe_get_full_fp32_param, safe_get_full_grad
 
@@ -76,6 +65,7 @@ def _worker(rank, world_size, store_path, job, out_path):
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     from pipelib.recipe import Recipe, loss_of
 
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     recipe = Recipe.from_dict(job["recipe"])
     model = recipe.build()
     t0 = time.perf_counter()
@@ -95,7 +85,7 @@ def _worker(rank, world_size, store_path, job, out_path):
         engine.step()
         times.append(time.perf_counter() - t)
         mean = loss.detach().float().clone()
-        torch.distributed.all_reduce(mean)  # the global batch's loss, for the curve (not timed)
+        dist.all_reduce(mean)  # the global batch's loss, for the curve (not timed)
         losses.append(mean.item() / world_size)
     params = {n: safe_get_full_fp32_param(p).detach().float().clone()
               for n, p in zip(names, engine.module.parameters())}
@@ -103,18 +93,10 @@ def _worker(rank, world_size, store_path, job, out_path):
     state = {"partition": sum(p.numel() for g in inner.param_groups for p in g["params"]),
              "adam_moments": sum(v.numel() for st in inner.state.values() for k, v in st.items()
                                  if k in ("exp_avg", "exp_avg_sq"))}
-    if rank == 0:
-        torch.save({"grads": grads, "params": params, "losses": losses, "times": times,
-                    "init_seconds": init_s, "state_numel": state}, out_path)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    # Leave without the interpreter's teardown: a spawned rank of this run once died at exit with
-    # "terminate called without an active exception" (SIGABRT: a C++ thread object destroyed
-    # still running, in the teardown of DeepSpeed's and gloo's state) after its work was done
-    # and saved, which failed the run. Everything is written and the group is gone by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    if rank:
+        return None
+    return {"grads": grads, "params": params, "losses": losses, "times": times, "init_seconds": init_s,
+            "state_numel": state}
 
 
 def run_deepspeed(recipe, stage: int, *, world_size: int = 2, build_shm: bool = False):
@@ -125,8 +107,6 @@ def run_deepspeed(recipe, stage: int, *, world_size: int = 2, build_shm: bool = 
     (seconds per step), stats {"config", "init_seconds" (deepspeed.initialize), "state_numel"
     (rank 0's Adam moments, in elements), "seconds" (the whole run, process start-up
     included)}."""
-    import torch.multiprocessing as mp
-
     from pipelib.checks import check_int
     from pipelib.data_parallel.zero_runner import check_recipe
 
@@ -143,18 +123,13 @@ def run_deepspeed(recipe, stage: int, *, world_size: int = 2, build_shm: bool = 
     config = deepspeed_config(stage, recipe.lr, batch // world_size, world_size=world_size,
                               bf16=recipe.mixed_precision)
     job = {"recipe": recipe.to_dict(), "config": config, "build_shm": build_shm}
-    import torch
+    from pipelib.runtime.spawn import run_spawned
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="pipelib-ds-") as tmp:  # 0700: the store is private
-        out = os.path.join(tmp, "rank0.pt")
-        try:
-            mp.spawn(_worker, args=(world_size, os.path.join(tmp, "rendezvous"), job, out), nprocs=world_size,
-                     join=True)
-            res = torch.load(out, weights_only=False)
-        except mp.ProcessRaisedException as e:
-            raise RuntimeError(f"DeepSpeed ZeRO-{stage} on {world_size} spawned processes failed; "
-                               f"the failing rank's traceback:\n{e}") from None
+    # DeepSpeed reads its accelerator from the environment before it is imported; its threads can
+    # crash the interpreter's teardown, so the ranks leave with os._exit once their result is saved
+    res = run_spawned(_deepspeed_rank, world_size, (job,), env={"DS_ACCELERATOR": "cpu"}, hard_exit=True,
+                      what=f"DeepSpeed ZeRO-{stage} on {world_size} spawned processes")[0]
     from pipelib.results import StepResult
 
     stats = {"config": config, "init_seconds": res["init_seconds"], "state_numel": res["state_numel"],

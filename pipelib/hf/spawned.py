@@ -1,11 +1,10 @@
 """The Hugging Face Llama's parallel runs on spawned gloo ranks, checked against one process.
 
-`run_spawned(fn, world_size, ...)` does a launcher's job the way chapter 08's DeepSpeed twin
-does (`pipelib.data_parallel.deepspeed_twin`): `torch.multiprocessing.spawn` starts
-`world_size` fresh processes, they meet at a file in a private directory (`FileStore`, no TCP
-port open on any interface) and make a gloo group, each calls `fn(*args, **kwargs)` and writes
-its result; the parent loads them, one per rank. No pipelib `Cluster`, no engine: the strategy
-cores run under plain torch.distributed, as they would under torchrun.
+`run_spawned(fn, world_size, ...)` (`pipelib.runtime.spawn`, the one launcher-free spawner,
+also behind chapter 08's DeepSpeed twin) starts `world_size` fresh processes that meet at a file
+in a private directory and make a gloo group; each calls `fn(*args, **kwargs)` and the parent
+gets one result per rank. No pipelib `Cluster`, no engine: the strategy cores run under plain
+torch.distributed, as they would under torchrun.
 
 `hf_checks(...)` runs the three strategies of `pipelib.hf.parallel` in one spawn (a spawn pays
 seconds of imports: torch, then transformers) and checks each against `llama_reference`.
@@ -14,58 +13,10 @@ Introduced in chapter 19.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-import traceback
 from dataclasses import dataclass
 
-
-def _rank_main(rank, world_size, path, fn, args, kwargs):
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(path, "store"), world_size), rank=rank,
-                            world_size=world_size, timeout=datetime.timedelta(seconds=120))
-    try:
-        try:
-            out = {"result": fn(*args, **kwargs)}
-        except Exception:
-            out = {"error": traceback.format_exc()}
-        torch.save(out, os.path.join(path, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def run_spawned(fn, world_size: int = 2, args=(), kwargs=None, *, timeout: float = 300.0) -> list:
-    """`fn(*args, **kwargs)` on `world_size` spawned gloo ranks (the default group is theirs);
-    one result per rank. A rank that raised raises here with its traceback; a run longer than
-    `timeout` seconds is killed and raises TimeoutError."""
-    import torch
-    import torch.multiprocessing as mp
-
-    from pipelib.checks import check_int
-
-    check_int(world_size, "world_size", minimum=1, context="run_spawned", hint="processes to spawn")
-    with tempfile.TemporaryDirectory(prefix="pipelib-hf-") as path:  # 0700: the store is private
-        ctx = mp.spawn(_rank_main, args=(world_size, path, fn, tuple(args), dict(kwargs or {})),
-                       nprocs=world_size, join=False)
-        deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                for p in ctx.processes:
-                    p.kill()
-                raise TimeoutError(f"run_spawned({fn.__name__}): {world_size} ranks still running after "
-                                   f"{timeout} s; raise timeout= or look for a rank waiting on a peer")
-        outs = [torch.load(os.path.join(path, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
-    errors = [f"rank {r}:\n{o['error']}" for r, o in enumerate(outs) if "error" in o]
-    if errors:
-        raise RuntimeError(f"run_spawned({fn.__name__}) failed:\n" + "\n".join(errors))
-    return [o["result"] for o in outs]
+from pipelib.runtime.spawn import run_spawned  # noqa: F401  (chapter 19 imports it from here)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ microbatch rows = `train_micro_batch_size_per_gpu`); `configs_beside` sets it be
 `Plan` and schedule for the same run.
 
 `run_deepspeed_pipe` does the launcher's job as chapter 08's ZeRO twin does
-(`pipelib.data_parallel.deepspeed_twin`): `torch.multiprocessing.spawn`, the gloo group made at
-a file in a private directory, `deepspeed.init_distributed` adopting it, nothing compiled. Every
+(`pipelib.runtime.spawn.run_spawned`): fresh processes, the gloo group made at a file in a
+private directory, `deepspeed.init_distributed` adopting it, nothing compiled. Every
 rank builds the same seeded MLP (`pipelib.pipeline.stage.stage_modules`' model) and hands
 DeepSpeed all its layers; DeepSpeed keeps its stage's. A post-accumulate-grad hook on each kept
 parameter copies its gradient once the last microbatch's is in, before the optimizer step
@@ -28,9 +28,6 @@ notebook. Introduced in chapter 19.
 """
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -48,21 +45,9 @@ def pipe_config(num_microbatches: int, micro_batch: int, lr: float = 0.1) -> dic
             "wall_clock_breakdown": False}
 
 
-def _quiet(path: str):
-    """Send this process's stdout and stderr (file descriptors 1 and 2) to `path`."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-
-
-def _pipe_rank(rank, world_size, tmp, job):
-    out_path = os.path.join(tmp, f"out{rank}.pt")
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
-    _quiet(os.path.join(tmp, f"rank{rank}.log"))
+def _pipe_rank(job):
+    """One spawned rank (`pipelib.runtime.spawn.run_spawned`: the gloo group is made, output goes
+    to the rank's log): DeepSpeed's pipeline engine, then pipelib's executor when asked."""
     import logging
     import warnings
 
@@ -70,10 +55,8 @@ def _pipe_rank(rank, world_size, tmp, job):
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "rendezvous"), world_size),
-                            rank=rank, world_size=world_size)
+    world_size = dist.get_world_size()
     warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
     import deepspeed
     from deepspeed.pipe import PipelineModule
     from deepspeed.utils import logger
@@ -108,12 +91,7 @@ def _pipe_rank(rank, world_size, tmp, job):
         out["pipelib"] = train_step(schedule="1f1b", p=world_size, m=m, model_config=cfg,
                                     batch_seed=job["batch_seed"], batch_size=job["batch"],
                                     model_seed=job["model_seed"])
-    torch.save(out, out_path)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no interpreter teardown of DeepSpeed's threads (as chapter 08's twin)
+    return out
 
 
 def run_deepspeed_pipe(model_config=None, num_microbatches: int = 4, batch: int = 8, *, world_size: int = 2,
@@ -126,12 +104,10 @@ def run_deepspeed_pipe(model_config=None, num_microbatches: int = 4, batch: int 
     boundaries), "config", "seconds" (train_batch)}. With `pipelib`, each rank then also runs
     pipelib's executor (`train_step("1f1b", ...)`) on the same group and batch, its
     `StepResult` in stats["pipelib"]."""
-    import torch
-    import torch.multiprocessing as mp
-
     from pipelib.checks import check_int
     from pipelib.model import MLPConfig
     from pipelib.results import StepResult
+    from pipelib.runtime.spawn import run_spawned
 
     cfg = model_config or MLPConfig()
     for name, v in (("world_size", world_size), ("num_microbatches", num_microbatches), ("batch", batch)):
@@ -145,18 +121,10 @@ def run_deepspeed_pipe(model_config=None, num_microbatches: int = 4, batch: int 
     config = pipe_config(num_microbatches, batch // num_microbatches, lr)
     job = {"model_config": cfg, "num_microbatches": num_microbatches, "batch": batch, "model_seed": model_seed,
            "batch_seed": batch_seed, "lr": lr, "config": config, "pipelib": pipelib}
-    with tempfile.TemporaryDirectory(prefix="pipelib-dspipe-") as tmp:  # 0700: the store is private
-        outs = [os.path.join(tmp, f"out{r}.pt") for r in range(world_size)]
-        try:
-            mp.spawn(_pipe_rank, args=(world_size, tmp, job), nprocs=world_size, join=True)
-            res = [torch.load(p, weights_only=False) for p in outs]
-        except mp.ProcessRaisedException as e:
-            raise RuntimeError(f"DeepSpeed's pipeline on {world_size} spawned processes failed; the failing "
-                               f"rank's traceback:\n{e}") from None
-        except mp.ProcessExitedException as e:
-            logs = "\n".join(open(os.path.join(tmp, f"rank{r}.log")).read()[-2000:] for r in range(world_size)
-                             if os.path.exists(os.path.join(tmp, f"rank{r}.log")))
-            raise RuntimeError(f"DeepSpeed's pipeline: a spawned rank died ({e}); its log:\n{logs}") from None
+    # DeepSpeed's threads can crash the interpreter's teardown: the ranks leave with os._exit once
+    # their result is saved (as chapter 08's twin)
+    res = run_spawned(_pipe_rank, world_size, (job,), env={"DS_ACCELERATOR": "cpu"}, quiet=True, hard_exit=True,
+                      what=f"DeepSpeed's pipeline on {world_size} spawned processes")
     return [StepResult(r["loss"], r["grads"], stats={"stage": r["stage"], "parts": r["parts"], "config": config,
                                                      "seconds": r["seconds"], "pipelib": r.get("pipelib")})
             for r in res]

@@ -11,6 +11,8 @@
   lost a connection): every later call says so in one line, naming `cluster.restart()`;
 - `registry`: the running clusters of this process, stopped at interpreter exit;
 - `watchdog`: kills a cluster's processes when the kernel that owns it is killed;
+- `spawn`: `run_spawned`, ranks without a launcher or a cluster (fresh gloo processes; the
+  DeepSpeed twins and the Hugging Face checks);
 - `device`: `DeviceSpec` and `Device`, one per rank (`current()`): sim, cpu or cuda;
 - `clocks`: the virtual clock (modelled, deterministic) and the wall clock;
 - `memtrack`: `MemoryTracker`, bytes by category and saved activations, against a capacity;
