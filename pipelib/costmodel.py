@@ -61,8 +61,12 @@ class DeviceProfile:
     flops: float          # peak FLOP/s for the dtype the book trains in
     mem_bandwidth: float  # bytes per second to device memory
     memory: int           # capacity in bytes
-    link: Link            # link to the neighbouring device
+    link: Link            # link to the neighbouring device (inside a node)
     source: str = ""
+    # nodes (chapter 15): ranks r // gpus_per_node share a node and talk on `link`; two ranks on
+    # different nodes talk on `inter_node`. None (the default): every pair on `link`, one speed
+    gpus_per_node: int | None = None
+    inter_node: Link | None = None
 
     def __post_init__(self):
         bad = {k: getattr(self, k) for k in ("flops", "mem_bandwidth", "memory")
@@ -70,6 +74,25 @@ class DeviceProfile:
         if bad:
             raise ValueError(f"DeviceProfile {self.name!r}: {bad}; pass finite numbers > 0 (FLOP/s, bytes per "
                              f"second, bytes of memory)")
+        nodes = (self.gpus_per_node, self.inter_node)
+        if (nodes[0] is None) != (nodes[1] is None) or not (
+                nodes[0] is None or (isinstance(nodes[0], int) and not isinstance(nodes[0], bool) and nodes[0] >= 1
+                                     and isinstance(nodes[1], Link))):
+            raise ValueError(f"DeviceProfile {self.name!r}: gpus_per_node={nodes[0]!r}, inter_node={nodes[1]!r}; "
+                             f"pass both (a positive integer and a Link between nodes) or neither (one link)")
+
+    def link_between(self, src: int, dst: int) -> Link:
+        """The link global ranks `src` and `dst` talk on: `link` inside a node (or on a profile
+        without nodes), `inter_node` between nodes (ranks numbered node by node)."""
+        if self.gpus_per_node is None or src // self.gpus_per_node == dst // self.gpus_per_node:
+            return self.link
+        return self.inter_node
+
+    def with_nodes(self, gpus_per_node: int, inter_node: Link) -> DeviceProfile:
+        """This GPU in nodes of `gpus_per_node`, joined by `inter_node` (chapter 15's two-speed
+        nodes: the simulated clock charges each message the link of its pair of ranks)."""
+        return replace(self, gpus_per_node=gpus_per_node, inter_node=inter_node,
+                       name=f"{self.name} x{gpus_per_node} a node, {inter_node.name} between")
 
     @property
     def ridge_point(self) -> float:
@@ -88,8 +111,10 @@ class DeviceProfile:
             raise ValueError(f"flops and nbytes must be finite and >= 0, got flops={flops}, nbytes={nbytes}")
         return max(flops / self.flops, nbytes / self.mem_bandwidth)
 
-    def message_time(self, nbytes: int) -> float:
-        return self.link.time(nbytes)
+    def message_time(self, nbytes: int, src: int | None = None, dst: int | None = None) -> float:
+        """alpha + nbytes / beta of the link between global ranks `src` and `dst` (`link_between`);
+        without them, of `link`."""
+        return (self.link if src is None or dst is None else self.link_between(src, dst)).time(nbytes)
 
     def with_memory(self, nbytes: int) -> DeviceProfile:
         return replace(self, memory=int(nbytes))

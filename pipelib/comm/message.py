@@ -15,8 +15,10 @@ pipeline executor's shape handshake all code a dtype as its index here.
 Handles are kept until waited: a gloo send whose handle is garbage-collected crashes the
 process ("Cannot lock pointer to unbound buffer"), so every `Handle` registers itself with the
 device until `wait()`. On a simulated device a message arrives alpha + bytes / beta after it was
-posted (the device profile's link): under the virtual clock the receiver's clock jumps to the
-arrival time; under the wall clock the receiver sleeps until it.
+posted, on the link its sender and receiver share (`DeviceProfile.link_between`: one link, or
+on a profile with nodes a fast one inside a node and a slow one between, chapter 15): under
+the virtual clock the receiver's clock jumps to the arrival time; under the wall clock the
+receiver sleeps until it.
 
 The calls that post messages are in `pipelib.comm.p2p`. Introduced in chapter 04; chapter 05 is
 about these messages.
@@ -140,7 +142,8 @@ class Handle:
             c["messages_received"] += 1
         if dev.modelled:
             t_sent = float(self.header[0]) if self.op == "recv" else self.t_post
-            arrival = t_sent + dev.profile.message_time(self.nbytes)
+            src, dst = (self.peer, dev.rank) if self.op == "recv" else (dev.rank, self.peer)
+            arrival = t_sent + dev.profile.message_time(self.nbytes, src, dst)  # the pair's link
             _, end = clock.wait_until(arrival)
             if self.op == "recv":
                 if end > start:

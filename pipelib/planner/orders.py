@@ -13,12 +13,12 @@ innermost (its all-reduces sit on every layer's critical path) and disagree on t
   overlapped, so it takes the slowest links, and the pipeline's many small messages stay close;
 - TP outermost, `("tp", "pp", "dp", "cp")`: the placement rule broken, tp across nodes.
 
-Measured on simulated nodes from a run's trace: every SEND event names its global sender,
-receiver, bytes and mesh axis, so `crossing_bytes` splits each axis's bytes into inside a node
-and between nodes, and `link_seconds` prices every message on the link its two ranks share
-(the node's own link, or `machine.inter_node`). The simulated device's virtual clock itself
-prices every message on one link (`DeviceProfile.link`, in `pipelib.comm.message`): a step
-*time* on two-speed nodes needs the message's link chosen from its pair of ranks there.
+Measured on simulated nodes: a Cluster started with `machine.profile` (the GPU with its node
+map, `DeviceProfile.with_nodes`) clocks every message on the link its sender and receiver share
+(`pipelib.comm.message`), so a step's time on two-speed nodes is measured, not priced. From the
+run's trace too: every SEND event names its global sender, receiver, bytes and mesh axis, so
+`crossing_bytes` splits each axis's bytes into inside a node and between nodes, and
+`link_seconds` prices every message on the link its two ranks share.
 
 Predicted: `planner.timing.link_of` (an axis crosses nodes when its group's span, its size times
 the sizes of the axes inside it, exceeds a node) and `search.evaluate` with the strategy's
@@ -54,8 +54,7 @@ def node_of(rank: int, gpus_per_node: int) -> int:
 
 def link_between(a: int, b: int, machine: Machine) -> Link:
     """The link ranks `a` and `b` share: the device's inside a node, `inter_node` between."""
-    same = node_of(a, machine.gpus_per_node) == node_of(b, machine.gpus_per_node)
-    return machine.device.link if same else machine.inter_node
+    return machine.profile.link_between(a, b)  # the one rule the simulated clock uses too
 
 
 def _sends(trace):

@@ -103,6 +103,12 @@ class Machine:
     def flops(self) -> float:
         return self.device.flops * self.efficiency
 
+    @property
+    def profile(self) -> DeviceProfile:
+        """The simulated GPU in these nodes (`DeviceProfile.with_nodes`): a Cluster started with
+        it clocks each message on its pair of ranks' link, as the planner prices it (chapter 15)."""
+        return self.device.with_nodes(self.gpus_per_node, self.inter_node)
+
 
 # Brown et al. 2020 (table 2.1), vocabulary padded to 51,200 as Megatron-LM trains it (Narayanan et al. 2021)
 GPT3_175B = ModelSpec("GPT-3 175B", n_layer=96, hidden=12288, n_head=96, vocab=51200, seq_len=2048)
