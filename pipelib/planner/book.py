@@ -95,6 +95,26 @@ def stage_microbatch_bytes(model: ModelSpec, lay: Strategy, stage: int, num_stag
     return out
 
 
+def pipeline_rank_params(model: ModelSpec, lay: Strategy, m: int) -> list[int]:
+    """Parameters each pipeline rank holds (one tp shard): its stages' blocks, the embedding and
+    the learned positions on the first stage, ln_f and the tied head's copy on the last. ZeRO
+    over dp sends (N-1)/N of them twice a step at stage 1 (`zero_comm_bytes`): chapter 15's
+    dp bytes of its 2 x 2 x 2 run."""
+    from pipelib.pipeline.schedules.registry import make_schedule
+
+    sched = make_schedule(lay.schedule, lay.pp, m, lay.virtual if lay.virtual > 1 else None)
+    n, t, h, v = sched.num_stages, lay.tp, model.hidden, model.vocab
+    block = model.layer_split_params() // t + model.layer_replicated_params()
+    out = []
+    for r in range(sched.num_ranks):
+        psi = 0
+        for k in sched.stages_of(r):
+            psi += model.n_layer // n * block + (v * h // t + model.seq_len * h if k == 0 else 0)
+            psi += v * h // t + 2 * h if k == n - 1 else 0
+        out.append(psi)
+    return out
+
+
 def pipeline_rank_memory(model: ModelSpec, lay: Strategy, m: int) -> list[dict]:
     """Every pipeline rank's bytes at its peak, itemised: its stages' parameters (the embedding on
     the first, ln_f and the tied head's copy on the last), Adam's state, and the activations
@@ -107,15 +127,11 @@ def pipeline_rank_memory(model: ModelSpec, lay: Strategy, m: int) -> list[dict]:
     sched = make_schedule(lay.schedule, lay.pp, m, lay.virtual if lay.virtual > 1 else None)
     n = sched.num_stages
     per_mb = [stage_microbatch_bytes(model, lay, k, n) for k in range(n)]
-    layers, t, h, v = model.n_layer // n, lay.tp, model.hidden, model.vocab
-    block = model.layer_split_params() // t + model.layer_replicated_params()
+    params = pipeline_rank_params(model, lay, m)
     out = []
     for r in range(sched.num_ranks):
-        psi = tensors = 0
-        for k in sched.stages_of(r):
-            psi += layers * block + (v * h // t + model.seq_len * h if k == 0 else 0)
-            psi += v * h // t + 2 * h if k == n - 1 else 0
-            tensors += 12 * layers + (2 if k == 0 else 0) + (3 if k == n - 1 else 0)
+        psi, tensors = params[r], sum(12 * (model.n_layer // n) + (2 if k == 0 else 0) + (3 if k == n - 1 else 0)
+                                      for k in sched.stages_of(r))
         held = peak = 0
         for act in sched.actions[r]:
             held += per_mb[act.stage] if act.op == Op.F else -per_mb[act.stage] if act.op in (Op.B, Op.W) else 0
