@@ -20,6 +20,10 @@ Gradients (the last step's, before its optimizer step) and parameters (after the
 gathered whole on every rank (`Parallel.unshard`), so `check_against_reference(...,
 shared=True)` also checks that replicas agree.
 
+It is the one training loop: chapter 18's checkpoints enter it through `StepHooks` (a start
+step found in a checkpoint, an optimizer step skipped when a rank's gradients are not finite,
+a save after each step: `pipelib.checkpoint.resume.Checkpointing`), not through a second loop.
+
 Introduced in chapter 15.
 """
 from __future__ import annotations
@@ -30,8 +34,33 @@ import torch.distributed as dist
 from pipelib.results import StepResult
 
 
-def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
-    """On every engine: train `recipe` under `plan`; this rank's StepResult (None off the grid)."""
+class StepHooks:
+    """What a loop built on the trainer adds to it, at three points of every run (all optional:
+    this base class changes nothing). Chapter 18's checkpoints are one (`pipelib.checkpoint.resume`).
+
+    - `begin(par, opt, start)`: once, after the model and optimizer are built and before the
+      first step; returns the step to run first (a checkpoint loaded: the step after its last);
+    - `update(step, par, opt)`: after the step's forward and backward, before its optimizer
+      step; False skips the optimizer step (a rank's gradients were not finite);
+    - `after_step(step, par, opt, loss)`: after the optimizer step, with the step's global loss
+      (on every rank), e.g. to save a checkpoint."""
+
+    def begin(self, par, opt, start: int) -> int:
+        return start
+
+    def update(self, step: int, par, opt) -> bool:
+        return True
+
+    def after_step(self, step: int, par, opt, loss: float) -> None:
+        return None
+
+
+def train_plan(recipe, plan, *, mesh=None, start: int = 0, stop: int | None = None,
+               hooks: StepHooks | None = None, group=None) -> StepResult | None:
+    """On every engine: train `recipe` under `plan`, steps `start` to `stop` (default
+    `recipe.steps`); this rank's StepResult (None off the grid). `hooks` (a `StepHooks`) may move
+    the start, skip an optimizer step and act after each step; `group`: the grid's ranks, for
+    the barrier that starts each timed step on real devices (None: the world)."""
     from pipelib.parallelize import parallelize
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
@@ -39,6 +68,8 @@ def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
     mesh = Mesh(plan.topology()) if mesh is None else mesh
     if not mesh.contains:
         return None
+    hooks = StepHooks() if hooks is None else hooks
+    stop = recipe.steps if stop is None else stop
     dev = current()
     with dev.measure(fresh_memory=True) as run_scope:
         par = parallelize(recipe.build().to(dev.torch_device), mesh, plan, optimizer=recipe.make_optimizer)
@@ -47,30 +78,33 @@ def train_plan(recipe, plan, *, mesh=None) -> StepResult | None:
         numel = sum(p.numel() for p in params)
         dp_rank, losses, times, sent, grads = mesh.local_rank("dp"), [], [], [], {}
         try:
-            for step in range(recipe.steps):
+            start = hooks.begin(par, opt, start)
+            for step in range(start, stop):
                 x, y = (t.to(dev.torch_device) for t in recipe.batch(step, dp_rank, plan.dp))
                 if not dev.modelled:
-                    dist.barrier()  # real devices: every rank starts the timed step together
+                    dist.barrier(group=group)  # real devices: every rank starts the timed step together
                 with dev.measure() as m:
                     loss = par.forward_backward(x, y)
-                    if step == recipe.steps - 1:
+                    if step == stop - 1:
                         grads = par.unshard("grad")  # torch's own gathers: no modelled time, no events
-                    with dev.compute("optimizer", nbytes=28 * numel):
-                        opt.step()  # Adam reads p, g, m, v and writes p, m, v: 28 bytes per fp32 parameter
+                    if hooks.update(step, par, opt):
+                        with dev.compute("optimizer", nbytes=28 * numel):
+                            opt.step()  # Adam reads p, g, m, v and writes p, m, v: 28 bytes per fp32 parameter
                     if isinstance(opt, torch.optim.Optimizer):  # ZeRO's counts its own shards
                         dev.memory.update_optimizer(opt)
                     opt.zero_grad(set_to_none=False)
                 times.append(m.time)
                 sent.append(m.bytes_sent)
                 losses.append(global_loss(loss, mesh, par))
+                hooks.after_step(step, par, opt, losses[-1])
         finally:
             par.close()
         final = par.unshard("data")
     reports = _reports_loss(mesh, par)
     grads, final = _on_cpu(grads), _on_cpu(final)
-    return StepResult(loss=torch.tensor(losses[-1]) if reports else None, grads=grads, params=final,
+    return StepResult(loss=torch.tensor(losses[-1]) if reports and losses else None, grads=grads, params=final,
                       losses=tuple(losses) if reports else (), times=tuple(times), bytes_sent=tuple(sent),
-                      peak_bytes=run_scope.peak_bytes)
+                      peak_bytes=run_scope.peak_bytes, stats={"start": start})
 
 
 def run(cluster, recipe, plan, *, reset: bool = True) -> list:

@@ -3,15 +3,15 @@
     out = train_resumable(recipe, plan, root, stop=6, save_every=2)   # on every rank
     out.start, out.losses, out.params                                 # where it began, what it did
 
-Each step is the trainer's (`pipelib.trainer.train_plan`): this rank's rows of the recipe's
-global batch for that step (`Recipe.batch(step, dp_rank, dp)`: the data position is the step),
-`Parallel.forward_backward`, one optimizer step, the loss averaged over dp (and cp) as the
-trainer reports it. Before the first step it loads the latest committed checkpoint under `root`
-if there is one (any layout: `load_training` reshards), so a run killed at any moment and
-started again with the same call goes on from the last save; the losses and final parameters
-equal an uninterrupted run's bit for bit (the tests check it for DDP, ZeRO and a pipeline).
+There is one training loop, the trainer's (`pipelib.trainer.train_plan`): this rank's rows of
+the recipe's global batch for that step (`Recipe.batch(step, dp_rank, dp)`: the data position
+is the step), `Parallel.forward_backward`, one optimizer step, the loss averaged over dp (and
+cp). Checkpoints enter it through its hooks (`Checkpointing`). Before the first step it loads
+the latest committed checkpoint under `root` if there is one (any layout: `load_training`
+reshards), so a run killed at any moment and started again with the same call goes on from the
+last save; the losses and final parameters equal an uninterrupted run's bit for bit (the tests
+check it for DDP, ZeRO and a pipeline).
 
-Measurement is left out: this loop checks equality, the trainer measures time and memory.
 Introduced in chapter 18.
 """
 from __future__ import annotations
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from pipelib.checkpoint.manifest import committed_steps
-from pipelib.checkpoint.nonfinite import agree_finite, poison
+from pipelib.checkpoint.nonfinite import agree_finite, poison, skip_step
 from pipelib.checkpoint.training import grid_group, load_training, save_training
+from pipelib.trainer import StepHooks
 
 
 @dataclass(frozen=True)
@@ -39,58 +40,72 @@ class ResumeResult:
     skipped: tuple[int, ...] = ()
 
 
+class Checkpointing(StepHooks):
+    """The trainer's hooks (`pipelib.trainer.StepHooks`) that make a run resumable: load the
+    latest committed checkpoint before the first step, save after every `save_every` steps,
+    and (for the tests and the chapter) inject a crash, a kill or a NaN; it records what it did."""
+
+    def __init__(self, recipe, root: str, group, *, stop: int, save_every: int, keep: int | None,
+                 crash_after: int | None, kill_rank: int | None, nan_at: tuple[int, int] | None, skip_steps):
+        self.recipe, self.root, self.group, self.stop = recipe, root, group, stop
+        self.save_every, self.keep, self.crash_after, self.kill_rank = save_every, keep, crash_after, kill_rank
+        self.nan_at, self.skip_steps = nan_at, tuple(skip_steps)
+        self.start, self.losses, self.saved, self.skipped = 0, [], [], []
+
+    def begin(self, par, opt, start: int) -> int:
+        if committed_steps(self.root):
+            start = load_training(par, opt, self.root, recipe=self.recipe)
+        self.start = start
+        return start
+
+    def update(self, step: int, par, opt) -> bool:
+        if self.kill_rank is not None and step == self.crash_after and par.mesh.global_rank == self.kill_rank:
+            os._exit(1)  # a kill in the middle of a step: no finally, no flush
+        if self.nan_at is not None:
+            if self.nan_at == (step, par.mesh.global_rank):
+                poison(par)
+            if not agree_finite(par, self.group):  # the same verdict on every rank
+                self.skipped.append(step)
+                skip_step(par, opt)
+                return False
+        return step not in self.skip_steps
+
+    def after_step(self, step: int, par, opt, loss: float) -> None:
+        self.losses.append(loss)
+        if (step + 1) % self.save_every == 0 or step + 1 == self.stop:
+            save_training(par, opt, self.root, step + 1, recipe=self.recipe, keep=self.keep, group=self.group)
+            self.saved.append(step + 1)
+        if self.crash_after is not None and self.kill_rank is None and step + 1 == self.crash_after:
+            raise RuntimeError(f"crash injected after step {step + 1} (crash_after={self.crash_after})")
+
+
 def train_resumable(recipe, plan, root: str, *, stop: int | None = None, save_every: int = 1,
                     keep: int | None = 2, mesh=None, crash_after: int | None = None,
                     kill_rank: int | None = None, nan_at: tuple[int, int] | None = None,
                     skip_steps=()) -> ResumeResult | None:
     """On every rank: train `recipe` under `plan` up to step `stop` (default `recipe.steps`),
     starting from the latest checkpoint under `root` if any, saving after every `save_every`
-    steps. `crash_after=k` raises `RuntimeError` right after step k (its save done, if due):
-    a failure in the middle of a run, for the tests and the chapter. With `kill_rank=r`, global
-    rank r instead dies (`os._exit`, no cleanup) in the middle of step k + 1, after its
-    forward and backward, before its optimizer step: a process lost, the others left waiting.
+    steps: the trainer (`pipelib.trainer.train_plan`) with `Checkpointing` hooks.
+    `crash_after=k` raises `RuntimeError` right after step k (its save done, if due): a failure
+    in the middle of a run, for the tests and the chapter. With `kill_rank=r`, global rank r
+    instead dies (`os._exit`, no cleanup) in the middle of step k + 1, after its forward and
+    backward, before its optimizer step: a process lost, the others left waiting.
     `nan_at=(step, rank)`: a NaN in that rank's gradients at that step; every rank then agrees
     to skip it (`pipelib.checkpoint.nonfinite`). `skip_steps`: steps whose optimizer step is
     skipped on every rank regardless (the reference of the NaN check)."""
-    from pipelib.parallelize import parallelize
-    from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
-    from pipelib.trainer import global_loss
+    from pipelib.trainer import train_plan
 
     mesh = Mesh(plan.topology()) if mesh is None else mesh
     group = grid_group(mesh)  # every rank of the world, before those off the grid leave
     if not mesh.contains:
         return None
-    dev = current()
     stop = recipe.steps if stop is None else stop
-    par = parallelize(recipe.build().to(dev.torch_device), mesh, plan, optimizer=recipe.make_optimizer)
-    opt = par.make_optimizer(recipe.make_optimizer)
-    start = load_training(par, opt, root, recipe=recipe) if committed_steps(root) else 0
-    dp_rank, losses, saved, skipped = mesh.local_rank("dp"), [], [], []
-    try:
-        for step in range(start, stop):
-            x, y = (t.to(dev.torch_device) for t in recipe.batch(step, dp_rank, plan.dp))
-            loss = par.forward_backward(x, y)
-            if kill_rank is not None and step == crash_after and mesh.global_rank == kill_rank:
-                os._exit(1)  # a kill in the middle of a step: no finally, no flush
-            if nan_at is not None:
-                if nan_at == (step, mesh.global_rank):
-                    poison(par)
-                if not agree_finite(par, group):  # the same verdict on every rank
-                    skipped.append(step)
-            if step not in skipped and step not in skip_steps:
-                opt.step()
-            opt.zero_grad(set_to_none=False)
-            losses.append(global_loss(loss, mesh, par))
-            if (step + 1) % save_every == 0 or step + 1 == stop:
-                save_training(par, opt, root, step + 1, recipe=recipe, keep=keep, group=group)
-                saved.append(step + 1)
-            if crash_after is not None and kill_rank is None and step + 1 == crash_after:
-                raise RuntimeError(f"crash injected after step {step + 1} (crash_after={crash_after})")
-    finally:
-        par.close()
-    params = {k: t.cpu() for k, t in par.unshard("data").items()}
-    return ResumeResult(start, tuple(losses), tuple(saved), params, tuple(skipped))
+    hooks = Checkpointing(recipe, root, group, stop=stop, save_every=save_every, keep=keep,
+                          crash_after=crash_after, kill_rank=kill_rank, nan_at=nan_at, skip_steps=skip_steps)
+    out = train_plan(recipe, plan, mesh=mesh, stop=stop, hooks=hooks, group=group)
+    return ResumeResult(hooks.start, tuple(hooks.losses), tuple(hooks.saved), dict(out.params),
+                        tuple(hooks.skipped))
 
 
 def equal_state(a: dict, b: dict) -> list[str]:

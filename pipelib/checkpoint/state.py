@@ -44,7 +44,7 @@ def _split_of(par, name: str, p) -> Split | None:
     return Split(dim=place.dim, fused=place.fused, index=par.mesh.local_rank(axis), count=par.mesh.size(axis))
 
 
-def _zeros(par) -> list:
+def zero_wrappers(par) -> list:
     """The ZeRO wrappers of this rank's data-parallel reducers (none under DDP or dp = 1)."""
     return [r.zero for r in par.reducers if getattr(r, "zero", None) is not None]
 
@@ -55,7 +55,7 @@ def slots(par) -> list[_Held]:
     for n, p in par.model.named_parameters():
         names.setdefault(id(p), n)
     out, done = [], set()
-    for zero in _zeros(par):
+    for zero in zero_wrappers(par):
         for u in zero.units:
             lo, hi = (0, u.padded) if zero.stage == 0 else (u.lo, u.hi)
             for (_, p), (_, start, stop, at) in zip(u.params, u.pieces(lo, hi)):
@@ -106,7 +106,7 @@ def capture(par, opt) -> dict:
 
 def optimizer_groups(par, opt) -> list[dict]:
     """The optimizer's hyperparameters per group (JSON), the same on every rank of one run."""
-    groups = (_zeros(par)[0].optimizer if _zeros(par) else opt).state_dict()["param_groups"]
+    groups = (zero_wrappers(par)[0].optimizer if zero_wrappers(par) else opt).state_dict()["param_groups"]
     return [{k: v for k, v in g.items() if k != "params"} for g in groups]
 
 
@@ -151,13 +151,13 @@ def restore(par, opt, tensors: dict, manifest) -> None:
     for zero, shards, states in by_zero.values():
         sd = zero.state_dict()
         sd["shards"] = [shards.get(u.index, torch.zeros_like(u.master)) for u in zero.units]
-        sd["optimizer"] = _with_groups({"state": {i: st for i, st in states.items() if st},
+        sd["optimizer"] = with_groups({"state": {i: st for i, st in states.items() if st},
                                         "param_groups": sd["optimizer"]["param_groups"]}, groups)
         zero.load_state_dict(sd)
     if plain and isinstance(opt, torch.optim.Optimizer):
         order = [p for g in opt.param_groups for p in g["params"]]
         state = {i: plain[p] for i, p in enumerate(order) if plain.get(p)}
-        opt.load_state_dict(_with_groups({"state": state, "param_groups": opt.state_dict()["param_groups"]},
+        opt.load_state_dict(with_groups({"state": state, "param_groups": opt.state_dict()["param_groups"]},
                                          groups))
 
 
@@ -166,7 +166,7 @@ def _state_of(s: _Held, tensors: dict) -> dict:
     return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
-def _with_groups(sd: dict, saved: list | None) -> dict:
+def with_groups(sd: dict, saved: list | None) -> dict:
     """The saved hyperparameters in the live groups (torch's `load_state_dict` convention)."""
     if saved:
         sd["param_groups"] = [{**g, **{k: v for k, v in s.items() if k in g}}

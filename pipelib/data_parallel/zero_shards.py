@@ -122,6 +122,15 @@ class ZeROShards:
                 g.mul_(coef)
         return norm
 
+    def skip_step(self) -> None:
+        """Drop this step's gradients without stepping (a NaN or an Inf on some rank: every rank
+        of the group calls it, after `reduce_gradients`, so that no shard is stepped alone).
+        The next backward starts from zero, as after `step` and `zero_grad`. Chapter 18."""
+        for u in self.units:
+            u.master.grad = None
+        self._reduced = False
+        self.zero_grad()
+
     # ------------------------------------------------------------------ checkpoint of this rank
     def state_dict(self) -> dict:
         """This rank's shards (one 1-D tensor per unit, cloned) and its optimizer's state."""
