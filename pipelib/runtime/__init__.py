@@ -3,6 +3,9 @@
 - `cluster`: `Cluster`, one ipyparallel engine per rank with torch.distributed on each;
 - `engine`: what runs on the engines: each rank's start-up and `Cluster.run`'s wrappers;
 - `rendezvous`: where a local cluster's ranks meet (a file, no TCP store), sockets on loopback;
+  engines of mpiexec or srun meet at a TCP store on the controller's address;
+- `launchers`: how engines start, one entry per launcher (local, mpi, slurm): what each needs,
+  its environment, where its ranks come from (chapter 19);
 - `args`: a cluster's arguments, checked before any process starts;
 - `progress`: one line per start-up phase while a notebook waits for its cluster;
 - `errors`: `RankError`, `RankDiedError`, `RankTimeoutError`: faults as errors naming the rank;

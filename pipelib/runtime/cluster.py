@@ -2,12 +2,16 @@
 
     with Cluster(world_size=4) as cluster:          # 4 simulated GPUs, virtual clock
         cluster.run(lambda: dist.get_rank())         # -> [0, 1, 2, 3]
+    Cluster(2, launcher="mpi")                       # engines started by mpiexec (chapter 19)
 
 Design (DESIGN.md section 3):
 
+- engines started by a launcher (`pipelib.runtime.launchers`): ipyparallel's local one by
+  default, or ``mpi`` (mpiexec) and ``slurm`` (an sbatch job), whose ranks are theirs;
 - lean: a threaded controller and engines without nannies, a private profile directory per
   cluster (two clusters never see each other), a fast heartbeat, nothing beyond loopback (and
-  torch.distributed meets at a file, no TCP store: `pipelib.runtime.rendezvous`);
+  torch.distributed meets at a file, no TCP store, unless mpiexec or srun started
+  the engines: `pipelib.runtime.rendezvous`);
 - one thread per engine (OMP/MKL/torch), so 4-8 engines share 2 cores sanely;
 - `torch.distributed` initialised on every engine (`pipelib.runtime.engine`): gloo for ``sim``
   and ``cpu``, NCCL for ``cuda`` (one GPU per rank);
@@ -32,6 +36,7 @@ import time
 import psutil
 
 from pipelib.runtime import engine, rendezvous, watchdog
+from pipelib.runtime.launchers import launcher_info, launcher_rank, order_by_launcher_rank
 from pipelib.runtime.args import DEFAULT_TIMEOUT, check_timeout, validate_args
 from pipelib.runtime.beacon import Activity
 from pipelib.runtime.errors import ClusterError
@@ -49,13 +54,26 @@ HEARTBEAT_MS = 250
 HUB_MISSES, ENGINE_MISSES = 30_000 // HEARTBEAT_MS, 175_000 // (HEARTBEAT_MS + 500)
 
 
+def engine_config(launcher, tag: str, rundir: str):
+    """ipyparallel's `Config` for a cluster's engines under `launcher` (a `Launcher`): the tag the
+    watchdog finds them by, one thread each, sockets on loopback, no nanny, pipelib imported; a
+    batch script in the cluster's run directory `rundir`."""
+    env = {watchdog.TAG_VAR: tag, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1", **rendezvous.LOOPBACK_ENV}
+    return launcher.config(env, [
+        "--IPEngine.enable_nanny=False", f"--IPEngine.max_heartbeat_misses={ENGINE_MISSES}",
+        f"--IPEngine.startup_command=import torch, torch.distributed, {engine.__name__}"], rundir)
+
+
 class Cluster:
     """A live cluster of `world_size` engines, one per (simulated or real) GPU.
 
     Arguments are checked before any process starts. `timeout` bounds every `run` and every
     torch.distributed operation: a rank that does not finish in time becomes a
     `RankTimeoutError` naming it and what it was doing. `track_memory`: count saved
-    activations on every rank (None: on simulated devices only; see `DeviceSpec`).
+    activations on every rank (None: on simulated devices only; see `DeviceSpec`). `launcher`:
+    how the engines start, ``"local"``, ``"mpi"`` or ``"slurm"`` (`pipelib.runtime.launchers`);
+    checked with the rest (a missing mpiexec or sbatch names the package to install).
     """
 
     live = LiveClusters()  # the running clusters of this process, stopped at exit
@@ -63,11 +81,12 @@ class Cluster:
     def __init__(self, world_size: int = 4, device: str = "sim", *, profile="toy-gpu",
                  clock: str = "virtual", timeout: float = DEFAULT_TIMEOUT, start: bool = True,
                  start_timeout: float = 120.0, track_memory: bool | None = None,
-                 progress: bool | None = None):
+                 progress: bool | None = None, launcher: str = "local"):
         self.spec = validate_args(world_size, device, profile, clock, timeout, track_memory)
+        self.launcher = launcher_info(launcher).check()
         start_timeout = check_timeout(start_timeout, "start_timeout", minimum=1.0)
         self.world_size, self.timeout, self.start_timeout = world_size, float(timeout), start_timeout
-        self.client = self.view = self._ipp = self._watchdog = self._rundir = None
+        self.client = self.view = self._ipp = self._watchdog = self._rundir = self._store = None
         self._broken: str | None = None
         self.info: list[dict] = []
         self.startup_seconds: float | None = None
@@ -81,7 +100,7 @@ class Cluster:
         state = "stopped" if self.client is None else ("broken" if self._broken else "running")
         return (f"Cluster(world_size={self.world_size}, device={self.spec.kind!r}, "
                 f"profile={getattr(self.spec.profile, 'name', self.spec.profile)!r}, "
-                f"clock={self.spec.clock!r}, {state})")
+                f"clock={self.spec.clock!r}, launcher={self.launcher.name!r}, {state})")
 
     def __enter__(self) -> Cluster:
         return self
@@ -101,24 +120,18 @@ class Cluster:
         if self.running:
             return self
         import ipyparallel as ipp
-        from traitlets.config import Config
 
         t0, say = time.perf_counter(), StartupProgress(self.progress).say
-        say(f"starting {self.world_size} engines ({self.spec.kind}, "
+        say(f"starting {self.world_size} engines ({self.spec.kind}, {self.launcher.name} launcher, "
             f"{getattr(self.spec.profile, 'name', self.spec.profile)}, {self.spec.clock} clock)")
         self._rundir = tempfile.mkdtemp(prefix="pipelib-cluster-")
         self.tag = os.path.basename(self._rundir)
         self._watchdog = watchdog.launch(self.tag, self._rundir)
-        env = {watchdog.TAG_VAR: self.tag, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "PYTHONUNBUFFERED": "1", **rendezvous.LOOPBACK_ENV}
-        cfg = Config()
-        cfg.LocalEngineSetLauncher.engine_args = [
-            "--IPEngine.enable_nanny=False", f"--IPEngine.max_heartbeat_misses={ENGINE_MISSES}",
-            f"--IPEngine.startup_command=import torch, torch.distributed, {engine.__name__}"]
-        cfg.LocalEngineSetLauncher.environment = cfg.LocalControllerLauncher.environment = env
+        cfg = engine_config(self.launcher, self.tag, self._rundir)
         self._ipp = ipp.Cluster(
             n=self.world_size, profile_dir=os.path.join(self._rundir, "profile"), delay=0,
-            controller_args=["--usethreads", "--ip=127.0.0.1", f"--HeartMonitor.period={HEARTBEAT_MS}",
+            engines=self.launcher.engines, controller_ip="127.0.0.1",
+            controller_args=["--usethreads", f"--HeartMonitor.period={HEARTBEAT_MS}",
                              f"--HeartMonitor.max_heartmonitor_misses={HUB_MISSES}"],
             config=cfg, log_level=logging.ERROR, load_profile=False, shutdown_atexit=False,
         )
@@ -129,7 +142,7 @@ class Cluster:
             self.client = self._ipp.connect_client_sync()
             self.client.wait_for_engines(self.world_size, timeout=self.start_timeout, interactive=False)
             phases["engines registered (torch imported)"] = time.perf_counter() - t0
-            self._eids = sorted(self.client.ids)[: self.world_size]
+            self._eids = self._rank_order()
             self.view = self.client[self._eids]
             self.view.block = True
             say(f"{self.world_size} engines up; each imports torch and joins torch.distributed")
@@ -143,14 +156,25 @@ class Cluster:
         self._activate_px()
         return self
 
+    def _rank_order(self) -> list[int]:
+        """Engine ids in rank order: registration order, or the launcher's ranks (mpiexec, srun)."""
+        eids = sorted(self.client.ids)
+        if not self.launcher.rank_variables:
+            return eids[: self.world_size]
+        ranks = self.client[eids].apply_sync(launcher_rank, self.launcher.rank_variables)
+        return order_by_launcher_rank(dict(zip(eids, ranks, strict=True)), self.world_size, self.launcher)
+
     def _init_ranks(self) -> None:
-        store, epoch = rendezvous.store_path(self._rundir), time.time()
-        me = psutil.Process()
+        if self.launcher.tcp_store:  # engines may be on other hosts: meet at the controller's address
+            self._store, meeting = rendezvous.serve_tcp_store(self._ipp.controller_ip, self.start_timeout)
+        else:
+            meeting = rendezvous.FileMeeting(rendezvous.store_path(self._rundir))
+        epoch, me = time.time(), psutil.Process()
         ars = [
             self.client[eid].apply_async(
-                engine._engine_init, rank, self.world_size, store, self.spec, epoch,
+                engine._engine_init, rank, self.world_size, meeting, self.spec, epoch,
                 self._activity_path(rank), self.timeout, me.pid, me.create_time(),
-                [os.path.abspath(p or ".") for p in sys.path], os.getcwd())
+                [os.path.abspath(p or ".") for p in sys.path], os.getcwd(), self.launcher.rank_variables)
             for rank, eid in enumerate(self._eids)
         ]
         self.info = []  # pids unknown until init returns: ipyparallel reports deaths meanwhile
@@ -179,13 +203,18 @@ class Cluster:
                 self.client.close()
             except Exception:
                 pass
+        if self.launcher.batch and self._ipp is not None:
+            try:  # the engines' job (scancel): on other nodes, the sweep below cannot reach them
+                self._ipp.stop_engines_sync()
+            except Exception:
+                pass
         if getattr(self, "tag", None):
             watchdog.sweep(self.tag, grace=2.0)  # SIGTERM, then SIGKILL: faster than a polite shutdown
         if self._watchdog is not None:
             watchdog.reap(self._watchdog)
         if self._rundir:
             shutil.rmtree(self._rundir, ignore_errors=True)
-        self.client = self.view = self._ipp = self._watchdog = None
+        self.client = self.view = self._ipp = self._watchdog = self._store = None  # the store's server closes
         self._rundir, self._broken, self.info = None, None, []
 
     def restart(self) -> Cluster:

@@ -4,8 +4,9 @@ An engine is a bare ipyparallel kernel; `Cluster.start` turns it into rank r of 
 same import path and working directory as the notebook, one thread (4-8 engines share 2 cores
 sanely), its `Device` (`pipelib.runtime.device.current()`), a thread that exits if the kernel
 disappears, then `torch.distributed` (gloo for ``sim`` and ``cpu``, NCCL for ``cuda``), meeting
-at a file in the cluster's run directory, with its sockets on loopback
-(`pipelib.runtime.rendezvous`).
+at a file in the cluster's run directory (or, for engines that mpiexec or srun started, at a TCP
+store on the controller's address), with its sockets on loopback (`pipelib.runtime.rendezvous`).
+Under mpiexec or srun, its rank is the one its launcher gave it (`pipelib.runtime.launchers`).
 
 These functions are pickled by reference, so they live in a module the engines import at start
 (the cluster's `--IPEngine.startup_command` names this one). The notebook process imports it
@@ -21,7 +22,7 @@ import sys
 import time
 
 from pipelib.runtime.device import Device, current, set_current
-from pipelib.runtime.rendezvous import local_store
+from pipelib.runtime.launchers import launcher_rank
 from pipelib.runtime.watchdog import kernel_alive
 
 
@@ -33,9 +34,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _engine_init(rank, world_size, store_path, spec, epoch, activity_path, timeout, parent_pid, parent_ctime,
-                 sys_path, cwd):
-    """Runs on each engine: import path, device, parent watch, then torch.distributed."""
+def _engine_init(rank, world_size, meeting, spec, epoch, activity_path, timeout, parent_pid, parent_ctime,
+                 sys_path, cwd, rank_variables=()):
+    """Runs on each engine: import path, device, parent watch, then torch.distributed.
+
+    `meeting`: a `pipelib.runtime.rendezvous` FileMeeting or TcpMeeting. `rank_variables`: where
+    the engine's launcher put its rank, which must be `rank` (a RuntimeError naming both if not)."""
     import gc
     import threading
     from datetime import timedelta
@@ -43,6 +47,10 @@ def _engine_init(rank, world_size, store_path, spec, epoch, activity_path, timeo
     import torch
     import torch.distributed as dist
 
+    given = launcher_rank(rank_variables)
+    if rank_variables and given != rank:
+        raise RuntimeError(f"engine {socket.gethostname()}:{os.getpid()} is rank {given} for its launcher "
+                           f"({'/'.join(rank_variables)}) but the cluster made it rank {rank}")
     # Same import path and working directory as the notebook: functions defined in a module
     # beside it (or in a test module) are pickled by reference and must import on the engine.
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
@@ -58,7 +66,7 @@ def _engine_init(rank, world_size, store_path, spec, epoch, activity_path, timeo
     threading.Thread(target=watch_parent, daemon=True, name="pipelib-parent-watch").start()
     backend = "nccl" if spec.kind == "cuda" else "gloo"
     with dev.activity.doing(f"init_process_group({backend})"):
-        dist.init_process_group(backend, store=local_store(store_path, world_size, timeout),
+        dist.init_process_group(backend, store=meeting.open(world_size, timeout),
                                 rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
     # torch's import leaves ~200k objects for every full collection to scan again (10-17 ms,
     # measured, on one rank in the middle of a pipeline step, where the others wait for it):

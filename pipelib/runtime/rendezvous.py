@@ -14,11 +14,23 @@ one machine (every `Cluster`: sim, cpu and cuda engines):
 
 A run over several nodes must open ports to the other nodes: README.md, "Networking".
 
+Launchers that may put engines on other hosts (``mpi``, ``slurm``: `pipelib.runtime.launchers`)
+cannot meet at a file only this host sees. Their ranks meet at a `TCPStore` served by the
+notebook's own process (`serve_tcp_store`) on the controller's address, which every engine
+already reaches; each engine connects as a client (`TcpMeeting`). It is the unauthenticated
+store described above, open while the cluster runs and closed by `Cluster.stop`. The backend's
+sockets stay on loopback when that address is a loopback one.
+
+`FileMeeting` and `TcpMeeting` are what `Cluster` sends each engine: where to meet, with
+`open(world_size, timeout)` giving the engine its store.
+
 Introduced in chapter 04.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
+from dataclasses import dataclass
 from types import MappingProxyType
 
 # gloo binds its listening socket to this interface's address (else to the host name's, often
@@ -43,3 +55,43 @@ def local_store(path: str, world_size: int, timeout: float):
     store = dist.FileStore(path, world_size)
     store.set_timeout(timedelta(seconds=timeout))
     return store
+
+
+@dataclass(frozen=True)
+class FileMeeting:
+    """Ranks of one host meet at a file (the local launcher)."""
+
+    path: str
+
+    def open(self, world_size: int, timeout: float):
+        return local_store(self.path, world_size, timeout)
+
+
+@dataclass(frozen=True)
+class TcpMeeting:
+    """Ranks meet at the TCP store the notebook's process serves at host:port (mpi, slurm)."""
+
+    host: str
+    port: int
+
+    def open(self, world_size: int, timeout: float):
+        """A client of the store (it serves nothing); sockets on loopback if the host is."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        if ipaddress.ip_address(self.host).is_loopback:
+            os.environ.update(LOOPBACK_ENV)
+        return dist.TCPStore(self.host, self.port, world_size=world_size, is_master=False,
+                             timeout=timedelta(seconds=timeout))
+
+
+def serve_tcp_store(host: str, timeout: float):
+    """(the server `TCPStore` on a free port, the `TcpMeeting` engines connect to); the server
+    lives as long as the returned store object (`Cluster` holds it until `stop`)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    return store, TcpMeeting(host, store.port)
