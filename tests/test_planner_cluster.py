@@ -1,7 +1,7 @@
 """The planner against the simulated cluster: what it predicts for the book's own runs (fp32,
 pipelib's GPT, `pipelib.planner.book`) against what `trainer.run` measures, memory within 5%
 and step time within 10% (issue 22), for configurations spanning dp, tp, pp, their pairs, a
-looped schedule, full recomputation and ZeRO 1-3 over dp. (ZeRO's rows failed until the
+looped schedule, full and selective recomputation and ZeRO 1-3 over dp. (ZeRO's rows failed until the
 tracker learned that the weights autograd saves are views of ZeRO's flat buffers, not
 activations: `MemoryTracker.holds_parameters`.)"""
 import pytest
@@ -27,6 +27,7 @@ STRATEGIES = [
     Strategy(tp=4, micro_batch=8, **BOOK),
     Strategy(pp=4, micro_batch=2, **BOOK),
     Strategy(dp=4, micro_batch=2, recompute="full", **BOOK),
+    Strategy(dp=4, micro_batch=2, recompute="selective", **BOOK),  # reruns the attention core alone
     Strategy(dp=2, tp=2, micro_batch=4, **BOOK),
     Strategy(dp=2, pp=2, micro_batch=2, **BOOK),
     Strategy(tp=2, pp=2, micro_batch=4, **BOOK),
@@ -50,3 +51,9 @@ def test_prediction_within_5_percent_of_memory_and_10_of_time(cluster4, strategy
     predicted = evaluate(SPEC, MACHINE, 4, BATCH, strategy, accounting="book")
     assert abs(predicted.memory_bytes / peak - 1) < 0.05, (predicted.memory, peak)
     assert abs(predicted.step_time / time - 1) < 0.10, (predicted.time, time)
+
+
+def test_book_accounting_refuses_recomputation_it_does_not_count():
+    with pytest.raises(ValueError, match="recompute='selective' with tp=2, pp=1"):
+        evaluate(SPEC, MACHINE, 4, BATCH, Strategy(dp=2, tp=2, micro_batch=4, recompute="selective", **BOOK),
+                 accounting="book")

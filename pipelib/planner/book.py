@@ -52,6 +52,10 @@ def book_memory(model: ModelSpec, lay: Strategy, m: int) -> dict:
     from pipelib.recompute.formulas import predict_policy
     from pipelib.tensor_parallel.formulas import tp_layer_activation_bytes
 
+    if not policy_info(lay.recompute).keeps_all and (lay.pp > 1 or lay.tp > 1):
+        raise ValueError(f"book accounting: recompute={lay.recompute!r} with tp={lay.tp}, pp={lay.pp}; its "
+                         f"activations are counted (and checked against a run) with dp alone: use tp = pp = 1, "
+                         f"or the megatron accounting")
     if lay.pp > 1:
         return max(pipeline_rank_memory(model, lay, m), key=lambda d: sum(d.values()))
     psi = stage_params(model, lay)
@@ -152,7 +156,10 @@ def book_step_time(model: ModelSpec, machine: Machine, lay: Strategy, m: int) ->
     cfg = gpt_config(model, layers)
     head = 2 * b * s * model.hidden * model.vocab
     blocks = gpt_forward_flops(cfg, b, s) - head
-    extra = blocks if policy_info(lay.recompute).fixed_k == 1 else 0  # full: the blocks' forward again
+    policy = policy_info(lay.recompute)
+    core = 4 * b * s * s * model.hidden * layers  # the attention core's two T x T products, every layer
+    # full: the blocks' forward again; selective: the core's products again (Korthikanti et al. 2022)
+    extra = blocks if policy.fixed_k == 1 else 0 if policy.keeps_all else core
     stage = (3 * blocks + extra) / t / machine.flops  # one microbatch's F + B on a stage of blocks
     last = stage + 3 * head / t / machine.flops        # the last stage also runs the head
     # a pipeline: the first microbatch through every stage, then the others at the slowest's pace
