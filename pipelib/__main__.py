@@ -53,11 +53,29 @@ def check(device: str) -> int:
     return 0
 
 
-# what `doctor` looks for: (what, the program, what it enables, how to get it on Debian/Ubuntu)
-TOOLS = (("torchrun", "torchrun", "python -m pipelib train on many processes and nodes", "comes with torch"),
-         ("MPI", "mpiexec", "Cluster(..., launcher='mpi')",
-          "apt install openmpi-bin libopenmpi-dev && pip install mpi4py"),
-         ("SLURM", "sbatch", "Cluster(..., launcher='slurm') on a SLURM cluster", "your cluster's login node"))
+# what `doctor` looks for beside the launchers: (what, the program, what it enables, how to get it)
+TOOLS = (("torchrun", "torchrun", "python -m pipelib train on many processes and nodes", "comes with torch"),)
+# the launchers `doctor` reports on: (what, the launcher's name; `pipelib.runtime.launchers` says the rest)
+LAUNCHER_LINES = (("MPI", "mpi"), ("SLURM", "slurm"))
+
+
+def tool_lines() -> list[str]:
+    """One line per tool: where it is, what it enables, and how to install it when missing (the
+    launchers' own check, `pipelib.runtime.launchers`: Debian's packages, the pip pin)."""
+    import shutil
+
+    from pipelib.runtime.launchers import LAUNCHERS
+
+    lines = []
+    for what, program, enables, how in TOOLS:
+        path = shutil.which(program) or shutil.which(program, path=os.path.dirname(sys.executable))
+        lines.append(f"{what}: {path or 'not found'} ({enables}" + (")" if path else f"; to install: {how})"))
+    for what, name in LAUNCHER_LINES:
+        info, enables = LAUNCHERS[name], f"Cluster(..., launcher={name!r})"
+        missing = info.missing()
+        lines.append(f"{what}: {info.which()} ({enables})" if not missing else
+                     f"{what}: not found: {', '.join(missing)} ({enables}; to install: {info.install})")
+    return lines
 
 
 def _rank_of_engine() -> tuple:
@@ -68,8 +86,6 @@ def _rank_of_engine() -> tuple:
 
 
 def doctor() -> int:
-    import shutil
-
     import torch
     import torch.distributed as dist
 
@@ -80,9 +96,7 @@ def doctor() -> int:
     print(f"CUDA GPUs: {n}" + "".join(f"\n  {i}: {torch.cuda.get_device_name(i)}" for i in range(n)))
     nccl = dist.is_nccl_available() and n > 0
     print(f"NCCL: yes, one rank per GPU ({n} here)" if nccl else "NCCL: no (gloo on CPUs)")
-    for what, program, enables, how in TOOLS:
-        path = shutil.which(program) or shutil.which(program, path=os.path.dirname(sys.executable))
-        print(f"{what}: {path or 'not found'} ({enables}" + (")" if path else f"; to install: {how})"))
+    print(*tool_lines(), sep="\n")
     with Cluster(2, device="sim") as c:
         ranks = c.run(_rank_of_engine)
         print(f"2-engine simulated cluster ready in {c.startup_seconds:.1f} s: "

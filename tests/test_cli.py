@@ -38,3 +38,14 @@ def test_train_outside_torchrun_explains():
     out = subprocess.run([sys.executable, "-m", "pipelib", "train", "--dp", "2"], capture_output=True, text=True,
                          timeout=60, cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "RANK"})
     assert out.returncode == 2 and "run me under torchrun" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_doctor_names_debians_packages_for_what_is_missing(monkeypatch, tmp_path):
+    from pipelib.__main__ import tool_lines
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH: only what sits beside this Python
+    lines = {line.split(":")[0]: line for line in tool_lines()}
+    assert "not found: mpiexec" in lines["MPI"] and "apt-get install openmpi-bin libopenmpi-dev" in lines["MPI"]
+    assert "pip install mpi4py==4.1.2" in lines["MPI"]
+    assert "not found: sbatch" in lines["SLURM"] and "apt-get install slurm-wlm munge" in lines["SLURM"]
+    assert os.path.dirname(sys.executable) in lines["torchrun"]

@@ -106,3 +106,12 @@ def test_mpi_engines_get_open_mpis_environment(tmp_path):
     env = cfg.MPIEngineSetLauncher.environment
     assert env["OMPI_MCA_btl"] == "self,vader" and env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     assert env["PIPELIB_CLUSTER_ID"] == "t" and "--IPEngine.enable_nanny=False" in cfg.MPIEngineSetLauncher.engine_args
+
+
+def test_the_mpi4py_hint_is_the_projects_pin():
+    import pathlib
+    import tomllib
+
+    pyproject = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pin = next(p for p in pyproject["project"]["optional-dependencies"]["dev"] if p.startswith("mpi4py"))
+    assert f"pip install {pin}" in LAUNCHERS["mpi"].install
