@@ -80,6 +80,8 @@ def _exchange_headers(mine: torch.Tensor, group, what: str):
     rows[me] = mine
     others = [g for i, g in enumerate(glob) if i != me]
     with dev.activity.doing(f"agreement check of {what}: waiting for ranks {others} to call it too"):
+        if dev.activity.flight.depth == 0:  # a check of its own (`agree`), not a collective's first step
+            dev.activity.flight.enter(f"agreement check of {what}", group)  # closed by the `doing`
         works = [dist.irecv(rows[p], glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
         works += [dist.isend(mine, glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
         for w in works:

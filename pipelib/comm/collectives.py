@@ -14,7 +14,9 @@ all-reduce sends about 2N per rank whatever n.
 Every call first checks that all ranks agree on the collective, shape, dtype, op and root
 (`pipelib.comm.agreement.check_same`: one small message latency), so a mismatch becomes one
 `CollectiveMismatchError` on every rank naming each rank's value, instead of a hang or an
-aborted engine (``check=False`` skips it; chapter 06 measures its cost).
+aborted engine (``check=False`` skips it; chapter 06 measures its cost). Every call is also
+recorded in the rank's flight recorder (`pipelib.runtime.flight`), so a rank that never calls
+it, or calls it on another group, is an error within seconds naming that rank, not a hang.
 
 The rings run on `pipelib.comm.ring`: on a real device each chunk travels as messages of at most
 SEGMENT_BYTES, DEPTH in flight, so the reduction of one overlaps the transfer of the next; a
@@ -83,8 +85,16 @@ class _Call:
         if reduce and self.op == "avg" and not (tensor.is_floating_point() or tensor.is_complex()):
             raise ValueError(f"rank {dist.get_rank()}: {name} op 'avg' on {tensor.dtype}: an integer "
                              f"average is not exact; use op='sum' and divide, or a float tensor")
+        self.flight = self.dev.activity.flight  # which collective this rank is in, readable while it waits
+        self.depth = self.flight.depth
+        if self.n > 1:
+            self.flight.enter(name, group)
         if check:
-            check_same(name, tensor, group, op=self.op, root=root)
+            try:
+                check_same(name, tensor, group, op=self.op, root=root)
+            except BaseException:
+                self.flight.unwind(self.depth)
+                raise
         self.sent, self.t0, self.activity = 0, self.dev.clock.now(), self.dev.activity.text
 
     def peer(self, offset: int) -> int:
@@ -112,6 +122,7 @@ class _Call:
 
     def done(self, result):
         self.dev.activity.set(self.activity)
+        self.flight.unwind(self.depth)
         self.dev.tracer.record(Kind.COLLECTIVE, self.label, self.t0, self.dev.clock.now(), bytes=self.sent,
                                axis=self.dev.axis_of(self.group))
         return result

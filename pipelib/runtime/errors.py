@@ -8,7 +8,10 @@ rank involved and what each was doing (its activity beacon, `pipelib.runtime.bea
 - `RankDiedError`: a rank's process died (a segfault, a kill, `os._exit`); the cluster must be
   restarted;
 - `RankTimeoutError`: a rank did not finish within the timeout, or kept waiting after another
-  rank failed (a peer that never sends: a deadlock or a dead peer).
+  rank failed (a peer that never sends: a deadlock or a dead peer);
+- `DesyncError`, a `RankTimeoutError` raised within seconds rather than at the timeout: ranks
+  wait in a collective that can never complete, because a rank of its group returned without
+  calling it or waits in another collective (`pipelib.runtime.flight`).
 
 All three are `ClusterError`s. Introduced in chapter 04; chapters 05, 06 and 12 catch them on
 purpose: two blocking sends that deadlock, a collective whose ranks disagree on the shape,
@@ -50,6 +53,16 @@ class RankTimeoutError(ClusterError, TimeoutError):
     def __init__(self, message: str, ranks: list[int]):
         super().__init__(message)
         self.ranks = ranks
+
+
+class DesyncError(RankTimeoutError):
+    """Ranks wait in a collective that can never complete: a rank of its group returned without
+    calling it, or called another one (another group, another order). `ranks`: the waiting ranks;
+    `missing`: the ranks that never came."""
+
+    def __init__(self, message: str, ranks: list[int], missing: list[int]):
+        super().__init__(message, ranks)
+        self.missing = missing
 
 
 def short(err) -> str:

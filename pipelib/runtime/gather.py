@@ -3,7 +3,10 @@
 Every rank's AsyncResult is polled; a rank whose process died raises `RankDiedError` at once,
 one that raised `RankError` (after a short grace, so its peers' errors are gathered too), and
 one that passes the timeout is interrupted and raises `RankTimeoutError` naming what it was
-doing (its activity beacon). Introduced in chapter 04.
+doing (its activity beacon). Ranks left waiting in a collective that can never complete (a
+rank of its group returned without calling it, or waits in another collective) raise
+`DesyncError` within seconds, from the ranks' flight records (`pipelib.runtime.flight`).
+Introduced in chapter 04.
 """
 from __future__ import annotations
 
@@ -11,9 +14,10 @@ import os
 import signal
 import time
 
-from pipelib.runtime.errors import (RankDiedError, RankError, RankTimeoutError, died_message, raised_message,
-                                    stuck_message)
+from pipelib.runtime.errors import (DesyncError, RankDiedError, RankError, RankTimeoutError, died_message,
+                                    raised_message, stuck_message)
 from pipelib.runtime.faults import broken_by, group_failed, stopped_in_communication
+from pipelib.runtime.flight import DESYNC_SECONDS, desync_message, never_complete
 
 
 def _interrupt(cluster, ranks) -> None:
@@ -32,6 +36,7 @@ def wait_for_ranks(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
     ranks = list(range(cluster.world_size)) if ranks is None else ranks
     results, errors, pending = {}, {}, dict(zip(ranks, ars))
     deadline, first_error = time.monotonic() + timeout, None
+    desync = _DesyncWatch(cluster)
     while pending:
         for r, ar in list(pending.items()):
             if ar.ready():
@@ -52,6 +57,8 @@ def wait_for_ranks(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
         stalled = first_error is not None and now - first_error > grace and _all_started(cluster, pending)
         if pending and (stalled or now > deadline):
             _fail_pending(cluster, pending, name, timeout, errors)
+        if pending and not errors:  # a failed rank is the cause: the grace above names it
+            _fail_desync(cluster, pending, name, ranks, desync.look(pending, now))
         if pending:
             cluster.client.wait(list(pending.values()), timeout=0.05)
     if errors:
@@ -61,6 +68,42 @@ def wait_for_ranks(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
         raise RankError(raised_message(errors, name) + (
             f"\nThe process group is dead ({why}): call cluster.restart() to continue." if why else ""), errors)
     return [results[r] for r in ranks]
+
+
+class _DesyncWatch:
+    """Reads every rank's flight record every 0.25 s once the call is `DESYNC_SECONDS` old; a
+    verdict stands only when two looks in a row find the same waits."""
+
+    def __init__(self, cluster):
+        self.cluster, self.next, self.before = cluster, time.monotonic() + DESYNC_SECONDS, None
+
+    def look(self, pending, now):
+        """(waits that can never complete, every rank's record), or None."""
+        from pipelib.runtime.beacon import Activity
+        from pipelib.runtime.flight import read
+
+        if now < self.next or not self.cluster._rundir:
+            return None
+        self.next = now + 0.25
+        flights = {r: read(self.cluster._activity_path(r), Activity.SIZE) for r in range(self.cluster.world_size)}
+        waits = never_complete(flights, pending, time.time())
+        seen = [(w.rank, w.entry.key, w.entry.seq, w.missing) for w in waits]
+        confirmed, self.before = bool(waits) and seen == self.before, seen
+        return (waits, flights) if confirmed else None
+
+
+def _fail_desync(cluster, pending, name, ranks, found) -> None:
+    """Raise `DesyncError` for `found` (from `_DesyncWatch.look`), after interrupting the pending
+    ranks; the cluster is broken (the waiting ranks hold receives posted in gloo)."""
+    if not found:
+        return
+    waits, flights = found
+    waiting, missing = [w.rank for w in waits], sorted({m for w in waits for m in w.missing})
+    message = desync_message(waits, flights, pending, ranks, name)
+    _interrupt(cluster, sorted(pending))
+    cluster._broken = f"rank(s) {waiting} waited in collectives that could never complete in {name}"
+    raise DesyncError(message + " The waiting ranks were interrupted; call cluster.restart() to continue.",
+                      waiting, missing)
 
 
 def _all_started(cluster, pending) -> bool:
