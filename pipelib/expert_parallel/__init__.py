@@ -20,9 +20,12 @@
   dense one (pure: no torch);
 - `training`: EP x DP training on a mesh (gradients of experts and of the replicated rest
   reduced over their groups) and the one-process reference with the same routing.
+- `pipelined`: DualPipeV (chapter 13) with an MoE layer in every stage on a pp x ep mesh: the
+  executor runs the real all-to-alls inside its actions, its timeline `simulate`'s.
 
 Chapter 16 uses all of it. The runtime layer: the strategy cores take their groups as arguments
-(`dispatch`, `padded`, `gpt`, `training`, `timeline`); `routing`, `policies`, `balance`, `experts` and `layer` run
+(`dispatch`, `padded`, `gpt`, `training`, `timeline`,
+`pipelined`); `routing`, `policies`, `balance`, `experts` and `layer` run
 without a process group; `sizes` is pure. Import each name from its module
 (`from pipelib.expert_parallel.routing import route`); importing the package imports nothing.
 """

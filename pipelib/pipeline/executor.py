@@ -24,6 +24,11 @@ Before the step, each rank learns the shapes of the messages it will receive
 (`pipelib.pipeline.shapes`). `execute` checks its arguments, then `_run` walks the actions and
 a `_Messages` holds the step's messages: receives posted ahead, sends in flight, local handovers.
 
+On a simulated device with a virtual clock and `costs`, DualPipeV's F&B (`Costs.overlaps`) runs
+as one overlapped pair: both inputs taken, both computed in turn, the collectives inside them (an
+MoE layer's all-to-alls, chapter 16) timed on a communication lane (DualPipe's second stream,
+chapter 07's lane); the pair lasts max(F + B, the lane's time), split as `simulate` splits it.
+
 Introduced in chapter 10; chapters 11-13 run GPipe, 1F1B, interleaved and zero-bubble
 schedules through this same function.
 """
@@ -40,6 +45,7 @@ from pipelib.checks import check_int
 from pipelib.comm import p2p as comms
 from pipelib.pipeline.schedules import Op, Schedule, validate
 from pipelib.pipeline.shapes import cached_shapes
+from pipelib.runtime.clocks import VirtualClock
 from pipelib.runtime.device import current
 
 __all__ = ["execute"]
@@ -148,8 +154,7 @@ class _Messages:
         if self.s.stage_to_rank[from_stage] == self.rank:
             return self.local.pop((kind, from_stage, a.microbatch))
         self.post(1 + self.ahead)  # this receive, and the next ones while we compute
-        self.done += 1
-        # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
+        self.done += 1  # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
         return self.posted.pop((kind, from_stage, a.microbatch)).wait()
 
     def give(self, kind: str, from_stage: int, microbatch: int, tensor: torch.Tensor) -> None:
@@ -165,38 +170,55 @@ class _Messages:
 
 def _run(io: _Messages, mine: dict, xs, ys, loss_fn: Callable, costs, dev,
          stage_done: Callable | None = None) -> tuple[list, int]:
-    """Run this rank's actions in order: (the last stage's microbatch losses, peak activation
-    bytes above what was held before the step). `stage_done(stage)` runs once a stage's last
-    weight gradient of the step is in (its m-th B or W)."""
+    """Run this rank's actions in order: (the last stage's microbatch losses, peak activation bytes
+    above the step's start); `stage_done(stage)` once a stage's m-th B or W is in."""
     m, ahead, post, take, give = io.s.num_microbatches, io.ahead, io.post, io.take, io.give
     base, peak, losses = dev.memory.bytes["activations"], 0, []
     weights_left = dict.fromkeys(mine, m)  # B or W actions still to run, by stage
-    for a in io.acts:
-        post(ahead)  # the next receives flow while this action computes
+    overlap = costs is not None and dev.modelled and dev.clock.virtual  # pairs overlap on a virtual clock
+
+    def prepare(a):  # take the action's input (blocking, outside its compute); the math to run
         st, j = mine[a.stage], a.microbatch
-        duration = None if costs is None else costs.compute(a.op, a.stage)
         if a.op is Op.F:
             x = xs[j] if st.is_first else take("act", a.stage - 1, a)
-            with dev.compute("F", stage=a.stage, microbatch=j, duration=duration):
-                out = st.forward(j, x, ys[j] if st.is_last else None, loss_fn, 1.0 / m)
-            peak = max(peak, dev.memory.bytes["activations"] - base)
-            if st.is_last:
-                losses.append(out)
-            else:
-                give("act", a.stage, j, out)
-        elif a.op in (Op.B, Op.I):
-            grad = None if st.is_last else take("grad", a.stage + 1, a)
-            with dev.compute(a.op.value, stage=a.stage, microbatch=j, duration=duration):
-                gin = st.backward(j, grad) if a.op is Op.B else st.backward_input(j, grad)
-            if not st.is_first:
-                give("grad", a.stage, j, gin)
-        else:
-            with dev.compute("W", stage=a.stage, microbatch=j, duration=duration):
-                st.backward_weight(j)
+            return lambda: st.forward(j, x, ys[j] if st.is_last else None, loss_fn, 1.0 / m)
+        if a.op is Op.W:
+            return lambda: st.backward_weight(j)
+        grad = None if st.is_last else take("grad", a.stage + 1, a)
+        return lambda: st.backward(j, grad) if a.op is Op.B else st.backward_input(j, grad)
+
+    def deliver(a, out):
+        st, j = mine[a.stage], a.microbatch
+        if a.op is Op.F and st.is_last:
+            losses.append(out)
+        elif a.op is not Op.W and (a.op is Op.F or not st.is_first):
+            give("act" if a.op is Op.F else "grad", a.stage, j, out)
         if a.op in (Op.B, Op.W):
             weights_left[a.stage] -= 1
             if weights_left[a.stage] == 0 and stage_done is not None:
                 stage_done(a.stage)
+    acts, i = io.acts, 0
+    while i < len(acts):
+        post(ahead)  # the next receives flow while this action computes
+        a, b = acts[i], acts[i + 1] if i + 1 < len(acts) else None
+        if overlap and costs.overlaps(a, b):  # DualPipeV's F&B pair (module docstring)
+            run_f, run_b, t0 = prepare(a), prepare(b), dev.clock.now()
+            with dev.lane(VirtualClock(t0)) as lane:  # their all-to-alls: the communication lane
+                outs = run_f(), run_b()
+            peak = max(peak, dev.memory.bytes["activations"] - base)
+            for act, out, seconds in zip((a, b), outs, costs.pair_times(a.stage, b.stage, lane.now() - t0)):
+                with dev.compute(act.op.value, stage=act.stage, microbatch=act.microbatch, duration=seconds):
+                    pass
+                deliver(act, out)
+            i += 2
+            continue
+        run = prepare(a)
+        with dev.compute(a.op.value, stage=a.stage, microbatch=a.microbatch,
+                         duration=None if costs is None else costs.compute(a.op, a.stage)):
+            out = run()
+        peak = max(peak, dev.memory.bytes["activations"] - base)
+        deliver(a, out)
+        i += 1
     return losses, peak
 
 
@@ -245,10 +267,10 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     next activation and the next gradient of a 1F1B step at once: their senders then write as
     soon as they are done instead of waiting to hear that the receive is up (1F1B on 4 CPU
     engines: 4-8% faster than with 1, bench/pipelines.py).
-    `check`: send `comms`' header with every message on real devices too (simulated devices
-    always send it: it carries the timestamp). The shape handshake already agreed every buffer's
-    shape, so it is off by default: the header costs one more message and a wait per transfer
-    (bench/pipelines.py measures it); turn it on for stages whose output shape can change.
+    `check`: send `comms`' header with every message on real devices too (simulated devices always
+    send it: it carries the timestamp). Off by default, the shape handshake agreed every buffer's
+    shape: the header costs a message and a wait per transfer (bench/pipelines.py); turn it on
+    for stages whose output shape can change.
     `stage_done(stage)`: called once per stage of this rank, as soon as that stage's last weight
     gradient of the step is in (torch's pipelining IR calls this point REDUCE_GRAD): data
     parallelism reduces the stage's gradients there, while later stages still compute.
@@ -267,8 +289,7 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     xs = _chunks(batch, m, "batch", copy) if 0 in mine else None
     ys = _chunks(targets, m, "targets", copy) if s.num_stages - 1 in mine else None
     in_spec, out_spec = cached_shapes(s, mine, rank, group, xs[0] if xs else None, shapes)
-    # receive buffers: kept with the shapes between steps (as torch's stages keep theirs), so
-    # a step allocates none; a buffer is free again once its step ended (every B/W ran)
+    # receive buffers: kept with the shapes between steps (as torch's stages do): a step allocates none
     bufs = {} if shapes is None else shapes.setdefault(("buffers", s, rank), {})
     io = _Messages(s, rank, group, in_spec, out_spec, bufs, recv_ahead, check)
     losses, peak = _run(io, mine, xs, ys, loss_fn, costs, dev, stage_done)

@@ -50,7 +50,8 @@ class Costs:
     work per rank equal to a plain pipeline's. `all_to_all`: seconds of expert-parallel
     all-to-all (dispatch and combine) in each F, B and I of a chunk, paid serially, except by
     an F followed on its rank by a B of another stage (DualPipeV's overlapped pair): the pair
-    takes max(F + B, 2 * all_to_all), each one's all-to-all hidden behind the other's compute.
+    takes max(F + B, both one's all-to-alls), each hidden behind the other's compute.
+    `all_to_all_backward`: a B's or I's when not F's (chapter 16's MoE exchanges counts too in F).
     """
 
     F: float = 1.0
@@ -63,12 +64,14 @@ class Costs:
     stage_factor: tuple[float, ...] = ()
     backward_factor: tuple[float, ...] = ()
     all_to_all: float = 0.0    # per F, B and I of a chunk (expert parallelism, chapter 13)
+    all_to_all_backward: float | None = None  # per B and I, when not all_to_all (chapter 16)
 
     def __post_init__(self):
         def ok(x):  # NaN and infinity fail too: a makespan of inf, a bubble of nan
             return 0 <= x < float("inf")
 
-        bad = {k: getattr(self, k) for k in (*"FBIW", "all_to_all") if not ok(getattr(self, k))}
+        names = (*"FBIW", "all_to_all") + (("all_to_all_backward",) if self.all_to_all_backward is not None else ())
+        bad = {k: getattr(self, k) for k in names if not ok(getattr(self, k))}
         bad.update({k: getattr(self, k) for k in ("stage_factor", "backward_factor")
                     if not all(ok(f) for f in getattr(self, k))})
         if not callable(self.p2p) and not ok(self.p2p):
@@ -82,9 +85,27 @@ class Costs:
         scale = factors[stage] if stage < len(factors) else 1.0
         return getattr(self, op.value) * scale
 
+    def exchange(self, op: Op) -> float:
+        """Seconds of all-to-all in one action of kind `op`: F's, B's and I's, none in W."""
+        op, back = Op(op), self.all_to_all_backward
+        return 0.0 if op is Op.W else self.all_to_all if op is Op.F or back is None else back
+
     def serial(self, op: Op, stage: int) -> float:
         """An action's time on its own: compute plus its all-to-all (none for W)."""
-        return self.compute(op, stage) + (self.all_to_all if Op(op) is not Op.W else 0.0)
+        return self.compute(op, stage) + self.exchange(op)
+
+    def overlaps(self, a, b) -> bool:
+        """Whether `a` and the next action on its rank, `b`, are DualPipeV's overlapped pair (an F, a
+        B of another stage, an all-to-all to hide): `simulate`'s and the executor's rule."""
+        return (a.op is Op.F and b is not None and b.op is Op.B and b.stage != a.stage
+                and self.exchange(Op.F) + self.exchange(Op.B) > 0)
+
+    def pair_times(self, f_stage: int, b_stage: int, exchange: float | None = None) -> tuple[float, float]:
+        """(F's share, B's share) of an overlapped pair: together max(F + B, the two actions'
+        all-to-all, or `exchange` seconds of it when measured), split in proportion to compute."""
+        fc, bc = self.compute(Op.F, f_stage), self.compute(Op.B, b_stage)
+        total = max(fc + bc, self.exchange(Op.F) + self.exchange(Op.B) if exchange is None else exchange)
+        return (f := total * fc / (fc + bc) if fc + bc > 0 else total / 2), total - f
 
     def message(self) -> float:
         return self.p2p(self.message_bytes) if callable(self.p2p) else float(self.p2p)
@@ -198,24 +219,6 @@ class _Sim:
         self.events.append(Event(rank, Kind.TRANSFER, kind, t0, t1, stage=stage, microbatch=j,
                                  bytes=nbytes, peer=to))
 
-    def pair(self, rank: int, a: Action) -> Action | None:
-        """The B overlapped with F `a` (DualPipeV's F&B), when there is an all-to-all to hide."""
-        acts, k = self.s.actions[rank], self.pos[rank] + 1
-        if self.costs.all_to_all > 0 and a.op is Op.F and k < len(acts):
-            b = acts[k]
-            return b if b.op is Op.B and b.stage != a.stage else None
-        return None
-
-    def run_pair(self, rank: int, a: Action, b: Action, got_a, got_b) -> None:
-        """F and B started together; compute and all-to-all overlap, F's share of it first."""
-        fc, bc = self.costs.compute(a.op, a.stage), self.costs.compute(b.op, b.stage)
-        total = max(fc + bc, 2 * self.costs.all_to_all)
-        ready = max(got_a[0], got_b[0])
-        peer = got_a[1] if got_a[0] >= got_b[0] else got_b[1]
-        f_share = total * fc / (fc + bc) if fc + bc > 0 else total / 2
-        self.run(rank, a, ready, peer, f_share)
-        self.run(rank, b, self.free[rank], None, total - f_share)
-
     def advance(self) -> bool:
         """Run every action whose inputs are known; False when nothing could run."""
         moved = False
@@ -225,16 +228,18 @@ class _Sim:
                 got = self.inputs_at(rank, a)
                 if got is None:
                     break
-                b = self.pair(rank, a)
-                if b is not None:
-                    got_b = self.inputs_at(rank, b)
-                    if got_b is None:
-                        break
-                    self.run_pair(rank, a, b, got, got_b)
-                    self.pos[rank] += 2
+                b = acts[self.pos[rank] + 1] if self.pos[rank] + 1 < len(acts) else None
+                pair = self.costs.overlaps(a, b)  # DualPipeV's F&B
+                got_b = self.inputs_at(rank, b) if pair else None
+                if pair and got_b is None:
+                    break
+                if pair:  # F and B start together, compute and all-to-all overlap, F's share first
+                    f_share, b_share = self.costs.pair_times(a.stage, b.stage)
+                    self.run(rank, a, max(got[0], got_b[0]), got[1] if got[0] >= got_b[0] else got_b[1], f_share)
+                    self.run(rank, b, self.free[rank], None, b_share)
                 else:
                     self.run(rank, a, *got)
-                    self.pos[rank] += 1
+                self.pos[rank] += 2 if pair else 1
                 moved = True
         return moved
 

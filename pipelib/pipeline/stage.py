@@ -11,9 +11,8 @@ needs (the *stash*: the stage input, each layer's output and the autograd graph)
 - B `backward`: gradient of the output -> gradient of the input, weight gradients accumulated;
 - I `backward_input` and W `backward_weight`: B split in two, as in Zero Bubble (Qi et al.
   2023). I computes only the input gradient (the one the previous stage waits for) and keeps
-  the gradient at each layer's output; W later turns those into weight gradients, layer by
-  layer, so the matmuls of B are split between I and W exactly once each.
-
+  the gradient at each layer's output (or module's: `per_module`); W later turns those into
+  weight gradients, so the matmuls of B are split between I and W exactly once each.
 Introduced in chapter 10 (split, F, B) and chapter 13 (I, W).
 """
 from __future__ import annotations
@@ -152,19 +151,24 @@ class _Stash:
     outputs: list[torch.Tensor]          # each layer's output, in order
     root: torch.Tensor                   # what backward starts from: the output, or the loss
     output_grads: dict[int, torch.Tensor] = field(default_factory=dict)  # set by I, used by W
+    units: list | None = None            # per_module: (own parameters, output) of each call
 
 
 class Stage:
     """One pipeline stage: a module, its place in the pipeline, and the per-microbatch stash.
 
     `module` is run layer by layer when it is an `nn.Sequential` (so W can compute each layer's
-    weight gradient on its own), else as one layer.
+    weight gradient on its own), else as one layer. `per_module=True` splits B at every module
+    that holds parameters of its own instead (each call's output is kept, by forward hooks):
+    W then differentiates each such module alone. An MoE layer needs it: W of the layer as a
+    whole would pass back through its combine all-to-all, a collective that I already ran
+    (chapter 16); per module, I runs every all-to-all of the backward and W none.
     """
 
-    def __init__(self, module: nn.Module, index: int, num_stages: int):
+    def __init__(self, module: nn.Module, index: int, num_stages: int, *, per_module: bool = False):
         if not 0 <= index < num_stages:
             raise ValueError(f"stage index {index} is outside 0..{num_stages - 1}")
-        self.module, self.index, self.num_stages = module, index, num_stages
+        self.module, self.index, self.num_stages, self.per_module = module, index, num_stages, per_module
         self.layers = list(module) if isinstance(module, nn.Sequential) else [module]
         self.stash: dict[int, _Stash] = {}
 
@@ -199,14 +203,35 @@ class Stage:
         x = x.detach()
         if not self.is_first:
             x.requires_grad_(True)
-        with current().memory.saved_activations():
-            h, outputs = x, []
-            for layer in self.layers:
-                h = layer(h)
-                outputs.append(h)
-            root = loss_fn(h, target) * scale if self.is_last else h
-        self.stash[microbatch] = _Stash(x, outputs, root)
+        hooks = self._unit_hooks() if self.per_module else []
+        try:
+            with current().memory.saved_activations():
+                h, outputs = x, []
+                for layer in self.layers:
+                    h = layer(h)
+                    outputs.append(h)
+                root = loss_fn(h, target) * scale if self.is_last else h
+        finally:
+            for hook, _ in hooks:
+                hook.remove()
+        units = [call for _, calls in hooks for call in calls] if self.per_module else None
+        self.stash[microbatch] = _Stash(x, outputs, root, units=units)
         return root.detach()
+
+    def _unit_hooks(self) -> list:
+        """(hook handle, the calls it records) on every module with parameters of its own: each
+        call's (parameters, output), when the output is a tensor that needs a gradient."""
+        out = []
+        for mod in self.module.modules():
+            params = [p for p in mod.parameters(recurse=False) if p.requires_grad]
+            if params:
+                calls: list = []
+
+                def record(m, args, y, calls=calls, params=params):
+                    if isinstance(y, torch.Tensor) and y.requires_grad:
+                        calls.append((params, y))
+                out.append((mod.register_forward_hook(record), calls))
+        return out
 
     def _check_grad(self, grad_output):
         if not self.is_last and grad_output is None:
@@ -228,6 +253,12 @@ class Stage:
                 out.append((k, params))
         return out
 
+    def _units(self, st: _Stash) -> list[tuple[list[nn.Parameter], torch.Tensor]]:
+        """(parameters, the output their gradient comes from): weighted layers, or modules."""
+        if st.units is not None:
+            return st.units
+        return [(params, st.outputs[k]) for k, params in self._weighted()]
+
     def backward_input(self, microbatch: int, grad_output: torch.Tensor | None = None):
         """I: only the input gradient (returned); keeps the gradient at each weighted layer's output.
 
@@ -238,26 +269,30 @@ class Stage:
         grad_output = self._check_grad(grad_output)
         st = self._take(microbatch, "I", keep=True)
         wanted = [] if self.is_first else [st.input]
-        layer_ids = []
-        for k, _ in self._weighted():
-            if st.outputs[k] is st.root:  # the stage output itself: its gradient is grad_output
-                st.output_grads[k] = grad_output
+        unit_ids = []
+        for u, (_, out) in enumerate(self._units(st)):
+            if out is st.root:  # the stage output itself: its gradient is grad_output
+                st.output_grads[u] = grad_output
             else:
-                layer_ids.append(k)
-                wanted.append(st.outputs[k])
-        grads = (torch.autograd.grad(st.root, wanted, grad_output, retain_graph=True)
+                unit_ids.append(u)
+                wanted.append(out)
+        # per module, a call may not reach the root (an expert no token chose): a zero gradient
+        extra = {"allow_unused": True, "materialize_grads": True} if self.per_module else {}
+        grads = (torch.autograd.grad(st.root, wanted, grad_output, retain_graph=True, **extra)
                  if wanted else ())
         skip = 0 if self.is_first else 1
-        st.output_grads.update(zip(layer_ids, grads[skip:]))
+        st.output_grads.update(zip(unit_ids, grads[skip:]))
         return None if self.is_first else grads[0]
 
     def backward_weight(self, microbatch: int) -> None:
         """W: weight gradients from what I kept, accumulated into .grad; frees the stash."""
         st = self._take(microbatch, "W")
-        if not st.output_grads and self._weighted():
+        units = self._units(st)
+        if not st.output_grads and units:
             raise RuntimeError(f"stage {self.index}: W of microbatch {microbatch} before its I")
-        for k, params in self._weighted():
-            grads = torch.autograd.grad(st.outputs[k], params, st.output_grads[k], retain_graph=True)
+        extra = {"allow_unused": True, "materialize_grads": True} if self.per_module else {}
+        for u, (params, out) in enumerate(units):
+            grads = torch.autograd.grad(out, params, st.output_grads[u], retain_graph=True, **extra)
             for p, g in zip(params, grads):
                 if p.grad is None:
                     p.grad = g
