@@ -61,3 +61,27 @@ def test_hardware_utilisation_counts_the_recomputed_forward():
         utilisation(None, run.model, run.machine, run.n_devices, "peak")
     with pytest.raises(ValueError, match="outside what efficiency"):
         calibrate(replace(run, utilisation=0.99))
+
+
+def test_llama3_with_its_own_balance_fits_without_recomputation_and_is_predicted_not_fitted():
+    """Dubey et al. 2024, 3.3.2: one layer off the first and the last stage. With it, Llama 3's
+    degrees fit an H100 under 1F1B without full recomputation (evenly split they do not), and the
+    prediction at the efficiency calibrated on Megatron-LM's row is reported beside the published."""
+    from pipelib.planner.published import balanced, balanced_stage_memory
+
+    eff, rows = comparison()
+    for i, run in enumerate(PUBLISHED):
+        if run.model is not LLAMA3_405B_STAGED:
+            continue
+        row = balanced(run, eff)
+        lay = row["plan"].layout
+        assert row["fits"] and lay.recompute in ("none", "selective")
+        assert (lay.dp, lay.tp, lay.pp, lay.cp) == run.degrees
+        m = run.global_batch // lay.dp
+        even = balanced_stage_memory(run.model, lay, m, 0)
+        assert max(sum(d.values()) for d in even) > run.machine.device.memory >= row["fullest"]
+        assert row["stages"][0]["activations"] == pytest.approx(even[0]["activations"] * 7 / 8)
+        assert row["error"] == pytest.approx(row["predicted"] / run.utilisation - 1)
+        assert rows[i]["predicted"] < row["predicted"]  # no rerun of the forward: faster than full recomputation
+    with pytest.raises(ValueError, match="1F1B"):
+        balanced_stage_memory(LLAMA3_405B_STAGED, rows[0]["plan"].layout, 8, 1)

@@ -32,8 +32,15 @@ else not published (ZeRO stage, recomputation, microbatch, schedule), and ranked
 feasible plan of the whole search. What each paper states beyond the degrees is kept
 (`PublishedRun.known`): Megatron-LM's full recomputation and unsharded data parallelism (its
 distributed optimizer came later), and for both the 1F1B and interleaved
-schedules of their time (the planner's zero-bubble schedules came later). Pure. Introduced in
-chapter 15.
+schedules of their time (the planner's zero-bubble schedules came later).
+
+Llama 3's runs are planned a second way, closer to what the paper describes (`balanced`): the
+search splits layers evenly and so fits Llama 3's degrees only with full recomputation, which
+Llama 3 did not use; with the paper's balance (one layer off the first and the last stage), each
+stage's memory counted under 1F1B (`balanced_stage_memory`), the degrees fit with no
+recomputation (or selective, Korthikanti et al. 2022, which under fused attention keeps the same
+bytes and reruns the attention core), and the prediction at the calibrated efficiency is
+reported beside the published figure: not fitted to it. Pure. Introduced in chapter 15.
 """
 from __future__ import annotations
 
@@ -41,8 +48,10 @@ from dataclasses import dataclass, replace
 
 from pipelib.costmodel import LINKS, PROFILES, Link
 from pipelib.pipeline.schedules.registry import REGISTRY
-from pipelib.planner.search import Candidate, search
+from pipelib.planner.memory import layer_activation_bytes, memory
+from pipelib.planner.search import Candidate, evaluate, search
 from pipelib.planner.spec import GPT3_175B, Machine, ModelSpec
+from pipelib.planner.strategy import Strategy
 from pipelib.planner.timing import hardware_flops_per_token
 
 UTILISATION = ("model", "hardware")  # what the published FLOP count includes: the model's, or also recomputation's
@@ -153,3 +162,45 @@ def comparison(runs=PUBLISHED, calibrate_on: int = 0) -> tuple[float, list[dict]
                      "best": found[0],
                      "best_utilisation": utilisation(found[0], run.model, machine, run.n_devices, run.counts)})
     return eff, rows
+
+
+def balanced_stage_memory(model: ModelSpec, lay: Strategy, m: int, fewer: int) -> list[dict]:
+    """Bytes of every pipeline stage under 1F1B, itemised, with `fewer` layers taken off the
+    first and the last stage (Llama 3's balance, Dubey et al. 2024, section 3.3.2: the first
+    stage holds the embedding and the most microbatches in flight, the last the output layer):
+    stage s holds its layers' states and min(p - s, m) microbatches of their activations
+    (`planner.memory`'s formulas, the same per layer)."""
+    if lay.schedule != "1f1b" or lay.pp < 2:
+        raise ValueError(f"balanced_stage_memory: schedule={lay.schedule!r}, pp={lay.pp}; it counts a 1F1B "
+                         f"pipeline (stage s holds min(p - s, m) microbatches)")
+    even = model.n_layer // lay.pp
+    out = []
+    for s in range(lay.pp):
+        layers = even - fewer if s in (0, lay.pp - 1) else even
+        mem = memory(replace(model, n_layer=layers * lay.pp), lay, m)  # the states of a stage of `layers`
+        mem["activations"] = layers * layer_activation_bytes(model, lay) * min(lay.pp - s, m)
+        out.append(mem)
+    return out
+
+
+def balanced(run: PublishedRun, efficiency: float, fewer: int = 1) -> dict:
+    """`run`'s published degrees under 1F1B and the recomputation policy (none or selective)
+    that fits and runs fastest, each stage's memory counted with `fewer` layers off the first
+    and last stage (`balanced_stage_memory`), the time of the evenly split model (its planned
+    layers: within 1.6% of Llama 3's FLOPs). Nothing is fitted: `efficiency` is the one
+    calibrated on another run. Returns the candidate, every stage's bytes, whether the fullest
+    fits, and the utilisation predicted beside the published one."""
+    machine = replace(run.machine, efficiency=efficiency)
+    dp, tp, pp, cp = run.degrees
+    tried = []
+    for rc in ("none", "selective"):
+        lay = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, zero=1, recompute=rc, micro_batch=1, schedule="1f1b")
+        c = evaluate(run.model, machine, run.n_devices, run.global_batch, lay)
+        stages = balanced_stage_memory(run.model, lay, run.global_batch // (dp * lay.micro_batch), fewer)
+        fullest = max(sum(d.values()) for d in stages)
+        tried.append({"plan": c, "stages": stages, "fullest": fullest, "fits": fullest <= machine.device.memory})
+    fit = [t for t in tried if t["fits"]] or tried
+    best = min(fit, key=lambda t: t["plan"].step_time)
+    best["predicted"] = utilisation(best["plan"], run.model, machine, run.n_devices, run.counts)
+    best["published"], best["error"] = run.utilisation, best["predicted"] / run.utilisation - 1
+    return best
