@@ -1,8 +1,9 @@
-"""One forward pass of the MoE GPT on a dp x ep mesh with its compute on the timeline, and the
-share of it the all-to-alls take.
+"""One forward (and backward) pass of the MoE GPT on a dp x ep mesh with its compute on the
+timeline, and the share of it the all-to-alls take.
 
     cluster.run(timed_forward, recipe, spec, dp=4, ep=4, profile="h100")
-    all_to_all_share(cluster.trace())        # {rank: share of the forward in the MoE all-to-alls}
+    cluster.run(timed_step, recipe, spec, dp=4, ep=4)   # forward and backward
+    all_to_all_share(cluster.trace())        # {rank: share of the pass in the MoE all-to-alls}
 
 The MoE forward alternates compute and communication: attention, the router, the counts, the
 dispatch all-to-all, the experts, the combine all-to-all. `timed_forward` records every module
@@ -10,8 +11,13 @@ that does math (embedding, layer norms, attention, router, each expert, head) as
 timed on the device profile from its FLOPs (`Device.compute`), so the trace holds the forward's
 timeline: compute bars and the all-to-alls between them (COLLECTIVE events, their time from the
 link's alpha and beta). On a simulated device that is the modelled timeline of a real run: the
-order and the bytes are what ran. The backward (twice the FLOPs, the same all-to-alls reversed)
-is not timed here.
+order and the bytes are what ran.
+
+`timed_step` adds the backward: each timed module's backward is one COMPUTE event ("attn 0
+backward"), charged when autograd hands it its output's gradient (a hook on the output), for
+twice its forward's time (the input's and the weights' gradients: two matmuls per forward one),
+and the backward's all-to-alls (combine's reverse, then dispatch's, labelled "... backward")
+fall between them where autograd ran them.
 
 A strategy run on plain torch.distributed; the mesh from `pipelib.runtime.mesh`. Chapter 16.
 """
@@ -38,26 +44,62 @@ def _timed_modules(model) -> list[tuple[str, torch.nn.Module]]:
     return out + [("head", model.head)]
 
 
-def time_modules(model, dev) -> list:
-    """Forward hooks that run each of `_timed_modules` inside `dev.compute(name)`; returns the
-    hook handles (remove them when done)."""
+def time_modules(model, dev, *, backward: bool = False) -> list:
+    """Forward hooks that run each of `_timed_modules` inside `dev.compute(name)`; with
+    `backward`, a hook on each output charges "<name> backward" for twice the forward's time
+    (module docstring). Returns the hook handles (remove them when done)."""
     open_scopes: dict = {}
 
     def before(name):
         def hook(module, args):
-            open_scopes[name] = dev.compute(name)
-            open_scopes[name].__enter__()
+            open_scopes[name] = dev.compute(name), dev.clock.now()
+            open_scopes[name][0].__enter__()
         return hook
 
     def after(name):
         def hook(module, args, output):
-            open_scopes.pop(name).__exit__(None, None, None)
+            scope, start = open_scopes.pop(name)
+            scope.__exit__(None, None, None)
+            if backward and isinstance(output, torch.Tensor) and output.requires_grad:
+                seconds = 2 * (dev.clock.now() - start)  # the forward's time, twice
+                output.register_hook(lambda grad: _charge(dev, f"{name} backward", seconds))
         return hook
 
     handles = []
     for name, module in _timed_modules(model):
         handles += [module.register_forward_pre_hook(before(name)), module.register_forward_hook(after(name))]
     return handles
+
+
+def _charge(dev, label: str, seconds: float) -> None:
+    with dev.compute(label, duration=seconds):
+        pass
+
+
+def timed_step(recipe, spec, dp: int, ep: int, *, profile=None) -> float | None:
+    """One forward and backward of step 0's batch (`moe_loss`: cross-entropy and the Switch
+    terms) on the dp x ep mesh, compute and all-to-alls of both on the trace (module docstring);
+    returns this rank's time, None on ranks beyond dp. No gradient is reduced, no step taken."""
+    from pipelib.expert_parallel.gpt import moe_loss
+    from pipelib.runtime.device import current
+    from pipelib.runtime.mesh import Mesh
+    from pipelib.topology import Topology
+
+    mesh = Mesh(Topology(dp=dp, ep=ep))
+    if not mesh.contains:
+        return None
+    dev = current()
+    model = apply_expert_parallel(moe_gpt(recipe, spec), mesh["ep"])
+    x, y = recipe.batch(0, mesh.local_rank("dp"), dp)
+    handles = time_modules(model, dev, backward=True)
+    try:
+        with dev.overrides(profile=profile) if profile is not None else contextlib.nullcontext():
+            start = dev.clock.now()
+            moe_loss(model, x, y).backward()
+            return dev.clock.now() - start
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def timed_forward(recipe, spec, dp: int, ep: int, *, profile=None) -> float | None:
