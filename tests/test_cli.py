@@ -49,3 +49,33 @@ def test_doctor_names_debians_packages_for_what_is_missing(monkeypatch, tmp_path
     assert "pip install mpi4py==4.1.2" in lines["MPI"]
     assert "not found: sbatch" in lines["SLURM"] and "apt-get install slurm-wlm munge" in lines["SLURM"]
     assert os.path.dirname(sys.executable) in lines["torchrun"]
+
+
+def _make(*args):
+    return subprocess.run(["make", "-n", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+
+
+def test_make_installs_torch_from_the_index_asked_for(tmp_path):
+    venv = f"VENV={tmp_path}/venv"   # a venv that does not exist: make shows how it would build it
+    cpu, cuda, default = _make("venv", venv, "TORCH=cpu"), _make("venv", venv, "TORCH=cuda", "CUDA=cu126"), \
+        _make("venv", venv)
+    assert cpu.returncode == cuda.returncode == default.returncode == 0, cpu.stderr + cuda.stderr
+    assert "--index-url https://download.pytorch.org/whl/cpu" in cpu.stdout
+    assert "--index-url https://download.pytorch.org/whl/cu126" in cuda.stdout
+    assert "--index-url" not in default.stdout and "pip install -q -e '.[book,dev]'" in default.stdout
+    bad = _make("venv", venv, "TORCH=gpu")
+    assert bad.returncode != 0 and "TORCH=gpu is not a torch build" in bad.stderr and "TORCH=cpu" in bad.stderr
+
+
+def test_make_checks_the_python_version_first(tmp_path):
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\necho 3.10\nexit 1\n")   # what the check prints and exits with on 3.10
+    old.chmod(0o755)
+    out = subprocess.run(["make", "venv", f"PYTHON={old}", f"VENV={tmp_path}/venv"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert out.returncode != 0 and not (tmp_path / "venv").exists()
+    (line,) = [x for x in out.stdout.splitlines() if "pipelib needs" in x]
+    assert f"needs Python 3.11, 3.12 or 3.13, and {old} is 3.10" in line and "make PYTHON=python3.12" in line
+    ok = subprocess.run(["make", "python-version", f"PYTHON={sys.executable}", f"VENV={tmp_path}/venv"],
+                        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert ok.returncode == 0 and ok.stdout == ""
