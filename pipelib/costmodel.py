@@ -125,6 +125,8 @@ LINKS = MappingProxyType({
     "nvlink4": Link("nvlink4", alpha=2e-6, beta=450e9),
     # NVLink 3 (A100 SXM): 600 GB/s both directions -> 300 GB/s one way.
     "nvlink3": Link("nvlink3", alpha=2e-6, beta=300e9),
+    # PCIe 4.0 x16 (an A100 PCIe card): 32 GB/s one way raw, about 25 GB/s achieved.
+    "pcie4": Link("pcie4", alpha=5e-6, beta=25e9),
     # PCIe 5.0 x16: 64 GB/s one way raw, about 50 GB/s achieved.
     "pcie5": Link("pcie5", alpha=5e-6, beta=50e9),
     # InfiniBand NDR 400 Gb/s per port = 50 GB/s one way.

@@ -12,6 +12,7 @@ overlapped: the trainer's "ddp" reduces after the backward. Pure.
 """
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 from pipelib.data_parallel.zero_formulas import adam_bytes_moved, zero_state_bytes
@@ -212,3 +213,30 @@ def profile_for(model: ModelSpec, machine: Machine, lay: Strategy, global_batch:
     link = Link(f"{name} link", dev.link.alpha, sent / (dp - latency))
     return replace(dev, name=name, flops=dev.flops * now / compute, mem_bandwidth=1e18, link=link,
                    source=f"sized for {compute * 1e3:g} ms of compute and {dp * 1e3:g} ms of all-reduce")
+
+
+def scale_model_profile(real, real_batch: int, stand_in, batch: int, device, link, mfu: float):
+    """A simulated GPU on which the GPT `stand_in` (a `GPTConfig`, `batch` sequences a rank) steps
+    exactly like the GPT `real` (`real_batch` sequences a rank) on `device` at `mfu` of its peak
+    over `link`, every time multiplied by k = psi(stand_in) / psi(real): FLOP/s sized so the
+    compute lasts k times the real one, the link's bandwidth kept and its latency times k, so a
+    bucket of k times the real bytes (`bucket_bytes * k`) lasts k times as long. Ratios, and so
+    DDP's scaling efficiency, are the real model's, measured on a model a laptop runs (seed 003's
+    "70-85% at 4 GPUs over PCIe", chapter 15). Returns (profile, k)."""
+    from dataclasses import replace
+
+    from pipelib.costmodel import Link, get_profile
+    from pipelib.memory import gpt_param_shapes, gpt_train_flops
+
+    def psi(cfg):
+        return sum(math.prod(s) for s in gpt_param_shapes(cfg).values())
+
+    dev = get_profile(device)
+    if not 0 < mfu <= 1:
+        raise ValueError(f"scale_model_profile: mfu={mfu!r}; pass the share of peak FLOP/s reached, in (0, 1]")
+    k = psi(stand_in) / psi(real)
+    real_compute = gpt_train_flops(real, real_batch, real.block_size) / (dev.flops * mfu)
+    flops = gpt_train_flops(stand_in, batch, stand_in.block_size) / (k * real_compute)
+    scaled = Link(f"{link.name} x{k:.2g}", link.alpha * k, link.beta)
+    return replace(dev, name=f"{dev.name} at {mfu:.0%} over {link.name}, scaled x{k:.2g}", flops=flops, link=scaled,
+                   source=f"{real.n_layer}-layer GPT of {psi(real) / 1e6:.0f}M on {dev.name}, times x{k:.3g}"), k
