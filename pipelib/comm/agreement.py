@@ -14,6 +14,12 @@ layout and causality): once at wrap or step time, never per message. A disagreem
 when every rank already knows the check failed, do the ranks exchange the names and settings
 themselves (an object all-gather), so the message shows them in words, not as checksums.
 
+With ``check=False`` nothing is agreed: on a simulated device the ring's messages still carry a
+header (the send time), so a message that does not fit its receive buffer is caught and raised
+as `CollectiveMismatchError` naming this rank's shape (`unchecked_sizes`); on a real device no
+header travels, gloo aborts the receiving process, and the `RankDiedError` names each rank's
+collective with its shape (the flight record of an unchecked call carries it).
+
 The header codes the collective as its index in `pipelib.comm.alphabeta.NAMES`, the op as its
 index in `OPS`, and the dtype as its code in `pipelib.comm.message.DTYPES`: one table each.
 
@@ -21,13 +27,14 @@ Introduced in chapter 06.
 """
 from __future__ import annotations
 
+import contextlib
 import zlib
 
 import torch
 import torch.distributed as dist
 
 from pipelib.comm.alphabeta import NAMES, OPS
-from pipelib.comm.message import DTYPE_CODE, dtype_name
+from pipelib.comm.message import DTYPE_CODE, MessageMismatchError, dtype_name
 
 HEADER_INTS = 14  # dtype, numel, dim, shape (7), collective, op, root, settings checksum
 COLLECTIVE_TAG = 9000  # the collectives' messages never match a user's point-to-point ones
@@ -161,3 +168,17 @@ def check_same(name: str, tensor, group=None, *, op: str = "sum", root: int = 0,
             parts.append(f"{field} differs: " + ", ".join(f"rank {g} {fmt(i, rows[i])}" for i, g in enumerate(glob)))
     raise CollectiveMismatchError(f"{name}: ranks disagree; " + "; ".join(parts) + ". Every rank of the "
                                   "group must call the same collective with the same shape, dtype, op and root.")
+
+
+@contextlib.contextmanager
+def unchecked_sizes(name: str, shape: str | None):
+    """Around the messages of an unchecked collective (`check=False`): a message that did not fit
+    (`MessageMismatchError`) becomes a `CollectiveMismatchError` naming the collective, this
+    rank's `shape` ("(4,) float32") and the check that would have named every rank's."""
+    try:
+        yield
+    except MessageMismatchError as e:
+        raise CollectiveMismatchError(
+            f"rank {dist.get_rank()}: {name} with check=False: the ranks passed different shapes (this rank "
+            f"{shape}); check=False skips the agreement check that names every rank's shape and dtype: call it "
+            f"with check=True (the default) to see them. The message that did not fit: {e}") from e

@@ -14,7 +14,8 @@ all-reduce sends about 2N per rank whatever n.
 Every call first checks that all ranks agree on the collective, shape, dtype, op and root
 (`pipelib.comm.agreement.check_same`: one small message latency), so a mismatch becomes one
 `CollectiveMismatchError` on every rank naming each rank's value, instead of a hang or an
-aborted engine (``check=False`` skips it; chapter 06 measures its cost). Every call is also
+aborted engine (``check=False`` skips it; chapter 06 measures its cost; what a mismatch then
+does: `pipelib.comm.agreement`). Every call is also
 recorded in the rank's flight recorder (`pipelib.runtime.flight`), so a rank that never calls
 it, or calls it on another group, is an error within seconds naming that rank, not a hang.
 
@@ -43,13 +44,17 @@ import torch.distributed as dist
 
 from pipelib.checks import check_int
 from pipelib.comm import p2p as comms
-from pipelib.comm.agreement import COLLECTIVE_TAG, check_same
+from pipelib.comm.agreement import COLLECTIVE_TAG, check_same, unchecked_sizes
 from pipelib.comm.alphabeta import OPS, tree_steps
 from pipelib.comm.ring import num_segments, reduce_into, run_ring, segments
 from pipelib.runtime.device import current
 from pipelib.trace import Kind
 
 _NO_FIELDS = MappingProxyType({"stage": None, "microbatch": None})
+
+
+def _dtype(tensor) -> str:
+    return str(tensor.dtype).replace("torch.", "")
 
 
 def _op_name(op) -> str:
@@ -86,9 +91,10 @@ class _Call:
             raise ValueError(f"rank {dist.get_rank()}: {name} op 'avg' on {tensor.dtype}: an integer "
                              f"average is not exact; use op='sum' and divide, or a float tensor")
         self.flight = self.dev.activity.flight  # which collective this rank is in, readable while it waits
-        self.depth = self.flight.depth
-        if self.n > 1:
-            self.flight.enter(name, group)
+        self.depth, self.check = self.flight.depth, check
+        if self.n > 1:  # unchecked: the record carries the shape, for the error a mismatch ends in
+            self.flight.enter(name if check else f"{name} of {tuple(tensor.shape)} {_dtype(tensor)}, unchecked",
+                              group)
         if check:
             try:
                 check_same(name, tensor, group, op=self.op, root=root)
@@ -96,6 +102,7 @@ class _Call:
                 self.flight.unwind(self.depth)
                 raise
         self.sent, self.t0, self.activity = 0, self.dev.clock.now(), self.dev.activity.text
+        self.shape = f"{tuple(tensor.shape)} {_dtype(tensor)}" if not check else None
 
     def peer(self, offset: int) -> int:
         return (self.me + offset) % self.n
@@ -110,7 +117,10 @@ class _Call:
         hs = []
         if recv is not None:
             src = src if glob else self.glob(src)
-            hs.append(comms.post_recv(recv, src, self.group, COLLECTIVE_TAG, label, _NO_FIELDS, False))
+            # unchecked on a simulated device: its messages carry a header anyway (the send time),
+            # so each receive is matched when waited and a size mismatch is an error, not an abort
+            matched = self.dev.modelled and not self.check
+            hs.append(comms.post_recv(recv, src, self.group, COLLECTIVE_TAG, label, _NO_FIELDS, matched))
         if send is not None:
             dst = dst if glob else self.glob(dst)
             hs.append(comms.post_send(send, dst, self.group, COLLECTIVE_TAG, label, _NO_FIELDS, False))
@@ -118,7 +128,13 @@ class _Call:
         return hs
 
     def step(self, *args, **kw) -> None:
-        comms.wait_all(self.post(*args, **kw))
+        with unchecked_sizes(self.name, self.shape):
+            comms.wait_all(self.post(*args, **kw))
+
+    def ring(self, steps, S: int) -> None:
+        """`pipelib.comm.ring.run_ring` for this call."""
+        with unchecked_sizes(self.name, self.shape):
+            run_ring(self, steps, S)
 
     def done(self, result):
         self.dev.activity.set(self.activity)
@@ -214,7 +230,7 @@ def all_reduce(tensor, op="sum", group=None, *, check: bool = True, segment_byte
              for s in range(n - 1)]
     steps += [("all-gather", n - 1 + s, (me - s) % n, seg[(me - s) % n], seg[(me - s - 1) % n], None, False)
               for s in range(n - 1)]
-    run_ring(c, steps, S)
+    c.ring(steps, S)
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     return c.done(tensor)
@@ -243,7 +259,7 @@ def reduce_scatter(tensor, op="sum", group=None, *, check: bool = True, segment_
     steps = [("reduce-scatter", s, (me - s - 1) % n, seg_in[(me - 1) % n] if s == 0 else tgt[s - 1], None,
               list(zip(seg_in[(me - s - 2) % n], tgt[s])), c.op == "avg" and s == n - 2)
              for s in range(n - 1)]
-    run_ring(c, steps, S)
+    c.ring(steps, S)
     return c.done(out)
 
 
@@ -262,7 +278,7 @@ def all_gather(tensor, group=None, *, check: bool = True, segment_bytes: int | N
         n, me = c.n, c.me
         S = num_segments(c, t.numel() * t.element_size())
         seg = segments([x.reshape(-1) for x in cs], S)
-        run_ring(c, [("all-gather", s, (me - s) % n, seg[(me - s) % n], seg[(me - s - 1) % n], None, False)
+        c.ring([("all-gather", s, (me - s) % n, seg[(me - s) % n], seg[(me - s - 1) % n], None, False)
                       for s in range(n - 1)], S)
     return c.done(out)
 

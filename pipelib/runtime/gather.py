@@ -50,7 +50,7 @@ def wait_for_ranks(cluster, ars, name, timeout, ranks=None, grace=2.0) -> list:
         dead = [r for r in ranks if (errors.get(r) == "died") or (r in pending and not cluster._alive(r))]
         if dead:
             cluster._broken = f"rank(s) {dead} died while running {name}"
-            raise RankDiedError(died_message(dead, name, cluster.activities(), errors), dead)
+            raise RankDiedError(died_message(dead, name, cluster.activities(), errors, _collectives(cluster)), dead)
         now = time.monotonic()
         if errors and first_error is None:
             first_error = now
@@ -90,6 +90,18 @@ class _DesyncWatch:
         seen = [(w.rank, w.entry.key, w.entry.seq, w.missing) for w in waits]
         confirmed, self.before = bool(waits) and seen == self.before, seen
         return (waits, flights) if confirmed else None
+
+
+def _collectives(cluster) -> dict[int, str]:
+    """What each rank's flight record says: the collective it is in, or the last it called."""
+    from pipelib.runtime.beacon import Activity
+    from pipelib.runtime.flight import read
+
+    if not cluster._rundir:
+        return {}
+    flights = {r: read(cluster._activity_path(r), Activity.SIZE) for r in range(cluster.world_size)}
+    return {r: f"was in {f.current.where()}" if f.current else f"had last called {f.last.where()}"
+            for r, f in flights.items() if f is not None and (f.current or f.last)}
 
 
 def _fail_desync(cluster, pending, name, ranks, found) -> None:

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipelib.runtime.cluster import Cluster
-from pipelib.runtime.errors import ClusterError, RankError, RankTimeoutError
+from pipelib.runtime.errors import ClusterError, RankDiedError, RankError, RankTimeoutError
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +286,38 @@ def test_a_collective_that_times_out_in_gloo_first_is_one_error_and_breaks_the_c
             c.run(all_reduce_but_last_rank)  # gloo and the run give up at about the same time: either error
         with pytest.raises(ClusterError, match=r"^the cluster is unusable after .*: call cluster\.restart\(\)"):
             c.run(all_reduce_ones)
+
+
+def unchecked_sizes_differ():  # K03: check=False, the user's opt-out, with one rank's tensor longer
+    import torch
+    import torch.distributed as dist
+
+    from pipelib.comm.collectives import all_reduce
+
+    return all_reduce(torch.ones(5 if dist.get_rank() == dist.get_world_size() - 1 else 4), check=False).tolist()
+
+
+def test_unchecked_sizes_that_differ_on_a_simulated_device_are_an_error_naming_the_shapes():  # K03
+    with Cluster(2, timeout=30) as c:
+        with pytest.raises(ClusterError) as err:
+            c.run(unchecked_sizes_differ)
+        message = str(err.value)
+        assert re.search(r"rank 0 failed: CollectiveMismatchError: rank 0: all_reduce with check=False: the ranks "
+                         r"passed different shapes \(this rank \(4,\) float32\); check=False skips the agreement "
+                         r"check .* call it with check=True .* expected 2 elements of float32 \(2,\), but rank 1 "
+                         r"sent 3 elements of float32", message), message
+        assert "Call cluster.restart() to continue" in message
+
+
+def test_unchecked_sizes_that_differ_on_a_real_device_name_every_ranks_shape_as_the_rank_dies():  # K03 on gloo
+    with Cluster(2, device="cpu", timeout=30) as c:
+        with pytest.raises(RankDiedError) as err:  # no header on a real device: gloo aborts the receiver
+            c.run(unchecked_sizes_differ)
+        message = str(err.value)
+        for r, n in ((0, 4), (1, 5)):
+            assert re.search(rf"rank {r} (was in|had last called) all_reduce of \({n},\) float32, unchecked on "
+                             rf"group \[0, 1\]", message), message
+        assert message.endswith("Call cluster.restart() to continue.")
 
 
 def ring_head_dim_zero():  # A11: ZeroDivisionError: float division by zero
