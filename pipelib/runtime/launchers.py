@@ -62,6 +62,9 @@ class Launcher:
     tcp_store: bool = False           # ranks meet at a TCP store (they may be on other hosts)
     batch: bool = False               # the engines are a batch job: cancel it on stop
     mpi_args: tuple[str, ...] = ()    # extra mpiexec arguments
+    probe: tuple[str, ...] = ()       # a command whose output says whether engines can start now
+    ready_words: tuple[str, ...] = () # ... when it prints one of these
+    start_hint: str = ""              # what to do when the probe says no
 
     def which(self) -> str | None:
         """Where the launcher's program is (None: missing, or no program needed)."""
@@ -82,6 +85,25 @@ class Launcher:
             raise RuntimeError(f"Cluster(launcher={self.name!r}) needs {' and '.join(map(repr, lack))}, "
                                f"not found on this machine. To install: {self.install}")
         return self
+
+    def unavailable(self) -> str | None:
+        """Why engines cannot start under this launcher now (None: they can): what is missing and
+        how to install it, or what the probe printed (a SLURM with no idle node) and what to do."""
+        import subprocess
+
+        lack = self.missing()
+        if lack:
+            return f"{' and '.join(lack)} not found on this machine. To install: {self.install}"
+        if not self.probe:
+            return None
+        try:
+            out = subprocess.run(self.probe, capture_output=True, text=True, timeout=30)
+            said = (out.stdout + out.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as e:
+            said = str(e)
+        if any(word in said for word in self.ready_words):
+            return None
+        return f"`{' '.join(self.probe)}` says {said or 'nothing'!r}: {self.start_hint}"
 
     def config(self, environment: Mapping[str, str], engine_args: list[str], workdir: str):
         """ipyparallel's traitlets `Config` for this launcher's engines and the local controller:
@@ -104,6 +126,24 @@ class Launcher:
         cfg.LocalControllerLauncher.environment = env
         return cfg
 
+    def batch_script(self, config, world_size: int, workdir: str) -> str:
+        """The batch script ipyparallel submits for `world_size` engines under `config` (from
+        `pipelib.runtime.cluster.engine_config`), written in `workdir` and returned; nothing is
+        submitted. Only for a batch launcher (slurm)."""
+        from ipyparallel.cluster.launcher import find_launcher_class
+
+        if not self.batch:
+            raise ValueError(f"launcher {self.name!r} submits no batch script (batch launchers: {self._batch_names()})")
+        launcher = find_launcher_class(self.engines, "engine")(
+            work_dir=workdir, config=config, profile_dir=os.path.join(workdir, "profile"), cluster_id="pipelib")
+        launcher.write_batch_script(world_size)
+        with open(launcher.batch_file) as f:
+            return f.read()
+
+    @staticmethod
+    def _batch_names() -> str:
+        return ", ".join(repr(n) for n, info in LAUNCHERS.items() if info.batch)
+
 
 LAUNCHERS: Mapping[str, Launcher] = MappingProxyType({
     "local": Launcher("local", engines="local"),
@@ -115,7 +155,9 @@ LAUNCHERS: Mapping[str, Launcher] = MappingProxyType({
         "slurm", engines="slurm", program="sbatch",
         install="apt-get install slurm-wlm munge (one machine: tools/slurm_localhost.sh start), or run "
                 "on your cluster's login node",
-        rank_variables=("SLURM_PROCID",), tcp_store=True, batch=True),
+        rank_variables=("SLURM_PROCID",), tcp_store=True, batch=True,
+        probe=("sinfo", "--noheader", "--format=%T"), ready_words=("idle", "mix"),
+        start_hint="no SLURM node ready to take the engines; on this machine, as root: tools/slurm_localhost.sh start"),
 })
 
 
@@ -133,6 +175,15 @@ def launcher_rank(variables: tuple[str, ...]) -> int | None:
         if os.environ.get(var, "").isdigit():
             return int(os.environ[var])
     return None
+
+
+def rank_report(variables: tuple[str, ...]) -> tuple:
+    """Runs on an engine: (torch.distributed's rank, the launcher's rank, host, pid)."""
+    import socket
+
+    import torch.distributed as dist
+
+    return dist.get_rank(), launcher_rank(variables), socket.gethostname(), os.getpid()
 
 
 def order_by_launcher_rank(found: Mapping[int, int | None], world_size: int, launcher: Launcher) -> list[int]:

@@ -115,3 +115,19 @@ def test_the_mpi4py_hint_is_the_projects_pin():
     pyproject = tomllib.loads((pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text())
     pin = next(p for p in pyproject["project"]["optional-dependencies"]["dev"] if p.startswith("mpi4py"))
     assert f"pip install {pin}" in LAUNCHERS["mpi"].install
+
+
+def test_unavailable_says_why_from_the_launchers_probe():
+    down = Launcher("x", engines="local", probe=("sh", "-c", "echo down; echo nodes drained >&2"),
+                    ready_words=("idle",), start_hint="start it")
+    assert down.unavailable() == "`sh -c echo down; echo nodes drained >&2` says 'down\\nnodes drained': start it"
+    up = Launcher("x", engines="local", probe=("sh", "-c", "echo idle"), ready_words=("idle",))
+    assert up.unavailable() is None and LAUNCHERS["local"].unavailable() is None
+
+
+def test_batch_script_is_for_batch_launchers_only(tmp_path):
+    slurm = LAUNCHERS["slurm"]
+    script = slurm.batch_script(engine_config(slurm, "t", str(tmp_path)), 3, str(tmp_path))
+    assert "#SBATCH --ntasks=3" in script and "\nsrun " in script
+    with pytest.raises(ValueError, match=r"launcher 'mpi' submits no batch script \(batch launchers: 'slurm'\)"):
+        LAUNCHERS["mpi"].batch_script(None, 2, str(tmp_path))

@@ -3,7 +3,6 @@
 srun tasks are the ranks; the job is cancelled on stop. Skipped with the reason where there is
 no SLURM; required under CI=true."""
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -15,14 +14,7 @@ pytestmark = pytest.mark.cluster
 
 
 def _no_slurm() -> str | None:
-    if LAUNCHERS["slurm"].missing():
-        return f"sbatch not found: {LAUNCHERS['slurm'].install}"
-    sinfo = shutil.which("sinfo")
-    out = subprocess.run([sinfo, "-h", "-o", "%T"], capture_output=True, text=True, timeout=30) if sinfo else None
-    if out is None or out.returncode != 0 or "idle" not in out.stdout and "mix" not in out.stdout:
-        said = out and (out.stdout + out.stderr).strip()
-        return f"no idle SLURM node (sinfo: {said!r}): tools/slurm_localhost.sh start"
-    return None
+    return LAUNCHERS["slurm"].unavailable()
 
 
 @pytest.fixture(scope="module")
