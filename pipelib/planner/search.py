@@ -13,6 +13,7 @@ and whether it fits, with why not in words. Pure: thousands of strategies a seco
 from __future__ import annotations
 
 import itertools
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -44,6 +45,7 @@ ACCOUNTINGS = MappingProxyType({a.name: a for a in (
                "devices, nothing overlapped (checked against trainer.run)"),
 )})
 
+EXPLAIN_WIDTH = 80  # characters a line: chapter 15's text column
 RECOMPUTE_PLANNED = tuple(p for p in POLICIES if not policy_info(p).chooses_k)  # none, full, selective
 
 
@@ -123,13 +125,17 @@ def search(model: ModelSpec, machine: Machine, n_devices: int, global_batch: int
     return sorted((c for c in found if c.feasible), key=lambda c: (c.step_time, c.memory_bytes))
 
 
-def explain(c: Candidate) -> str:
-    """A candidate in three lines: the layout, its memory, its time."""
+def explain(c: Candidate, width: int = EXPLAIN_WIDTH) -> str:
+    """A candidate in a few lines of at most `width` characters (the book's text column): the
+    layout first, then its memory, its time, its throughput, and why it does not fit."""
     lay = c.layout
     head = (f"dp={lay.dp} tp={lay.tp} pp={lay.pp} cp={lay.cp}, ZeRO-{lay.zero}, recompute {lay.recompute}, "
             f"b={lay.micro_batch}, {lay.schedule}" + (f" v={lay.virtual}" if lay.virtual > 1 else ""))
     mem = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in c.memory.items() if v)
     time = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in c.time.items() if v)
-    return (f"{head}\n  memory GiB per device: {mem} (total {c.memory_bytes / 2**30:.1f})\n"
-            f"  step ms: {time} (total {c.step_time * 1e3:.0f}); MFU {c.mfu:.1%}, {c.tokens_per_s:,.0f} tokens/s"
-            + ("" if c.feasible else f"\n  does not fit: {c.why}"))
+    lines = [f"GiB a device: {mem} (total {c.memory_bytes / 2**30:.1f})",
+             f"step ms: {time} (total {c.step_time * 1e3:.0f})",
+             f"MFU {c.mfu:.1%}, {c.tokens_per_s:,.0f} tokens/s"] + ([] if c.feasible else [f"does not fit: {c.why}"])
+    out = [textwrap.fill(head, width, subsequent_indent="  ")]
+    out += [textwrap.fill(line, width, initial_indent="  ", subsequent_indent="    ") for line in lines]
+    return "\n".join(out)
