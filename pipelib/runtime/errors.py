@@ -88,8 +88,9 @@ def raised_message(errors: dict, name: str) -> str:
 def died_message(dead: list[int], name: str, activities: dict[int, str], errors: dict,
                  collectives: dict[int, str] | None = None) -> str:
     """`RankDiedError`'s message: what each dead rank was doing, then the others' failures, then
-    the collective each rank was in or had last called (`collectives`, its flight record, `pipelib.runtime.flight`: an unchecked
-    collective names its shape, so a size mismatch that killed a rank is named)."""
+    the collective each rank was in or had last called (`collectives`, from the flight records of
+    `pipelib.runtime.flight`: an unchecked collective names its shape, so a size mismatch that
+    killed a rank is named)."""
     lines = [f"rank {r} died while running {name}; it was doing: {activities[r]}" for r in dead]
     lines += [f"rank {r} then failed: {short(e)}" for r, e in errors.items() if e != "died"]
     lines += [f"rank {r} {what}" for r, what in sorted((collectives or {}).items())]

@@ -244,7 +244,7 @@ def desync_message(waits: list[Wait], flights: dict, running, ranks, name: str) 
         who = "; ".join(f"rank {ms[0]}, which {what}" if len(ms) == 1 else
                         f"ranks {', '.join(map(str, ms))}, which each {what.replace('its last', 'their last')}"
                         for what, ms in said.items())
-        lines.append(f"rank {w.rank} waits in {w.entry.where()} for {w.age:.1f} s, for {who}")
+        lines.append(f"rank {w.rank} has waited {w.age:.1f} s in {w.entry.where()}, for {who}")
     return "\n".join(lines) + (
         "\nThese collectives can never complete: every rank of a group must call the same collectives, "
         "on the same group, in the same order (one rank skipped a collective or called it on another group).")

@@ -43,7 +43,7 @@ def test_ranks_waiting_for_a_rank_that_returned_are_flagged_naming_it():  # K04
     waits = never_complete(flights, running={0, 1, 2}, now=NOW)
     assert [(w.rank, w.missing) for w in waits] == [(0, (3,)), (1, (3,)), (2, (3,))]
     msg = desync_message(waits, flights, {0, 1, 2}, WORLD, "coll")
-    assert ("rank 0 waits in all_reduce on group [0, 1, 2, 3], that group's collective #5 for 2.5 s, for rank 3, "
+    assert ("rank 0 has waited 2.5 s in all_reduce on group [0, 1, 2, 3], that group's collective #5, for rank 3, "
             "which returned from coll without calling it (its last collective: all_reduce on group [0, 1, 2, 3], "
             "that group's collective #4)") in msg, msg
 
@@ -64,7 +64,7 @@ def test_a_cycle_of_ranks_each_in_another_groups_collective_is_flagged():
     flights = {r: flight(entry("all_reduce", g, 1)) for r, g in enumerate(groups)}
     waits = never_complete(flights, running={0, 1, 2}, now=NOW)
     assert [(w.rank, w.missing) for w in waits] == [(0, (1,)), (1, (2,)), (2, (0,))]
-    assert "rank 0 waits in all_reduce on group [0, 1], that group's collective #1 for 2.5 s, for rank 1, which " \
+    assert "rank 0 has waited 2.5 s in all_reduce on group [0, 1], that group's collective #1, for rank 1, which " \
            "waits in all_reduce on group [1, 2]" in desync_message(waits, flights, {0, 1, 2}, (0, 1, 2), "f")
 
 
