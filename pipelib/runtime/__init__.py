@@ -20,6 +20,9 @@
 - `clocks`: the virtual clock (modelled, deterministic) and the wall clock;
 - `memtrack`: `MemoryTracker`, bytes by category and saved activations, against a capacity;
 - `beacon`: `Activity`, what a rank is doing, readable while it is stuck;
+- `flight`: the collectives' flight recorder: which collective each rank waits in, so that ranks
+  that disagree on which collective to call are an error within seconds (`DesyncError`);
+- `px`: `%%px` cells: an engine error names its rank in one line, as `Cluster.run` does;
 - `span`: `Device.measure()` and `Device.overrides()`: scoped, nestable measurement (a `Span`);
 - `alternate`: `alternate_steps`, the one A/B timing loop (sides in turn, the slowest rank's time);
 - `mesh`: `Mesh`, the process groups of a `Topology`, made once per engine (the one place
