@@ -104,7 +104,7 @@ def train_plan(recipe, plan, *, mesh=None, start: int = 0, stop: int | None = No
     grads, final = _on_cpu(grads), _on_cpu(final)
     return StepResult(loss=torch.tensor(losses[-1]) if reports and losses else None, grads=grads, params=final,
                       losses=tuple(losses) if reports else (), times=tuple(times), bytes_sent=tuple(sent),
-                      peak_bytes=run_scope.peak_bytes, stats={"start": start})
+                      peak_bytes=run_scope.peak_bytes)
 
 
 def run(cluster, recipe, plan, *, reset: bool = True) -> list:

@@ -12,8 +12,10 @@ the pieces again for any layout, so a run saved on one mesh resumes on another.
 - `rng`: every random state of a rank (torch CPU, CUDA, Python, numpy);
 - `state`: a parallelized model and its optimizer (DDP, ZeRO 0-3, TP, pipeline) as pieces;
 - `training`: save and load one run's training state; what may not change across a resume;
-- `resume`: the trainer's loop with checkpoints, resumed from the latest committed step;
+- `resume`: the trainer's loop with checkpoint hooks, resumed from the latest committed step;
+- `experts`: experts under their global ids with a placement record each, loaded at any ep degree;
 - `dcp`: torch.distributed.checkpoint beside it: the same tensors, conversions both ways;
+- `torchft_twin`: torchft's replicas beside the restart: a quorum per step, going on with fewer;
 - `nonfinite`: a NaN or Inf on one rank: every rank agrees to skip the step (one flag reduced);
 - `stalls`: a stalled rank named by gloo's `monitored_barrier`;
 - `crashes`: a crash injected at every step of a save, and what the loader then finds;
