@@ -127,6 +127,24 @@ def timed_forward(recipe, spec, dp: int, ep: int, *, profile=None) -> float | No
             h.remove()
 
 
+def by_role(trace):
+    """`trace` with each timed module's COMPUTE label replaced by its role, for a figure with four
+    compute colours rather than one per module: "experts" and "experts backward" for the
+    experts, "forward" and "backward" for every other module; other events unchanged."""
+    from dataclasses import replace
+
+    from pipelib.trace import Trace
+
+    def role(label: str) -> str:
+        expert, back = label.startswith("expert "), label.endswith(" backward")
+        if expert:
+            return "experts backward" if back else "experts"
+        return "backward" if back else "forward"
+
+    return Trace([replace(e, label=role(e.label)) if e.kind == Kind.COMPUTE else e for e in trace],
+                 world_size=trace.world_size)
+
+
 def all_to_all_share(trace, prefix: str = "all_to_all") -> dict[int, float]:
     """{rank: time in COLLECTIVE events whose label starts with `prefix` / the rank's span}."""
     out = {}

@@ -16,8 +16,15 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from types import MappingProxyType
+
 from pipelib.trace import Kind, Trace
 from pipelib.viz.display import play_controls
+
+# the book's look, as the other chapters' figures (viz.timeline, viz.ddp): white, thin margins,
+# the width the page gives (no fixed width), the legend above the plot, out of the lines' way
+_LOOK = MappingProxyType(dict(template="plotly_white", margin=dict(l=10, r=10, t=90, b=40), height=420,
+                              legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0)))
 
 
 def dispatch_matrices(trace: Trace, label: str, row_bytes: int, own=None) -> list[list[list[int]]]:
@@ -62,7 +69,7 @@ def traffic_figure(matrices, title: str = "Tokens dispatched: who sends how many
     names = [f"step {i}" for i in range(len(matrices))]
     fig.frames = [go.Frame(data=[_heatmap(m, zmax)], name=name) for m, name in zip(matrices, names)]
     n = len(matrices[0])
-    fig.update_layout(title=title, width=520, height=500, margin=dict(b=120),
+    fig.update_layout(title=title, template="plotly_white", height=500, margin=dict(l=10, r=10, t=110, b=120),
                       xaxis=dict(title="to rank", tickvals=list(range(n)), side="top"),
                       yaxis=dict(title="from rank", tickvals=list(range(n)), autorange="reversed"))
     play_controls(fig, names, [str(i) for i in range(len(matrices))], prefix="step ", y=-0.02)
@@ -76,8 +83,7 @@ def load_figure(curves: dict, title: str = "Load imbalance over training (max / 
     for name, ys in curves.items():
         fig.add_trace(go.Scatter(x=list(range(len(ys))), y=list(ys), mode="lines+markers", name=name))
     fig.add_hline(y=1.0, line_dash="dot", annotation_text="even", annotation_position="bottom right")
-    fig.update_layout(title=title, xaxis_title="optimizer step", yaxis_title="max / mean load",
-                      width=720, height=420)
+    fig.update_layout(title=title, xaxis_title="optimizer step", yaxis_title="max / mean load", **_LOOK)
     return fig
 
 
@@ -88,5 +94,5 @@ def drop_rate_figure(factors, rates: dict, title: str = "Choices dropped against
     for name, ys in rates.items():
         fig.add_trace(go.Scatter(x=list(factors), y=[100 * y for y in ys], mode="lines+markers", name=name))
     fig.update_layout(title=title, xaxis_title="capacity factor f (C = ceil(f S k / E))",
-                      yaxis_title="choices dropped (%)", width=720, height=420)
+                      yaxis_title="choices dropped (%)", **_LOOK)
     return fig

@@ -63,3 +63,16 @@ def test_step_time_is_its_compute_plus_its_all_to_alls_forward_and_backward(clus
             "all_to_all_uneven: moe 0 combine backward")
         total = sum(e.duration for e in compute) + sum(e.duration for e in coll)
         assert times[r] == pytest.approx(total, rel=1e-9)
+
+
+def test_by_role_names_four_kinds_of_compute_and_keeps_the_rest():
+    from pipelib.expert_parallel.timeline import by_role
+    from pipelib.trace import Event, Trace
+
+    labels = ["attn 0", "attn 0 backward", "expert 1.2", "expert 1.2 backward", "head", "router 0 backward"]
+    t = Trace([Event(0, Kind.COMPUTE, lab, i, i + 1) for i, lab in enumerate(labels)]
+              + [Event(1, Kind.COLLECTIVE, "all_to_all: moe 0 counts", 9, 10)], world_size=2)
+    got = by_role(t)
+    assert [e.label for e in got] == ["forward", "backward", "experts", "experts backward", "forward", "backward",
+                                      "all_to_all: moe 0 counts"]
+    assert [(e.start, e.end, e.rank) for e in got] == [(e.start, e.end, e.rank) for e in t] and got.world_size == 2
