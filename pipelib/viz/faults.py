@@ -3,7 +3,10 @@
 `lost_time_figure(intervals_s, lost, young_s, daly_s)` draws the share of time lost against the
 checkpoint interval (saves on the left, recomputed work on the right), with Young's and Daly's
 optima marked; `save_time_figure(rows)` draws measured save times against the state's size,
-with the fitted line whose slope is the bandwidth of a save.
+with the fitted line whose slope is the bandwidth of a save; `lost_rank_figure(losses, ranks,
+lost_after)` draws the loss per step of runs that lost a rank (pipelib's restart resharded to
+fewer ranks, torchft's replicas going on) beside the uninterrupted run, and under it how many
+ranks or replicas took part in each step.
 
 Pure layer: plotly and the pure arithmetic of `pipelib.checkpoint.interval`; the numbers come
 from measured saves.
@@ -43,4 +46,28 @@ def save_time_figure(rows: list[dict], title: str = "Save time against the state
                              name=f"fit: {1 / slope:.0f} MiB/s" if slope > 0 else "fit", line_dash="dash"))
     fig.update_layout(title=title, xaxis_title="state saved (MiB)", yaxis_title="save time (ms)", height=360,
                       margin=dict(l=60, r=20, t=50, b=50))
+    return fig
+
+
+def lost_rank_figure(losses: dict, ranks: dict, lost_after: int,
+                     title: str = "A rank lost for good: the loss per step, and who took part") -> go.Figure:
+    """losses: {run: [loss per step]}; ranks: {run: [ranks or replicas in each step]} (runs of
+    `losses` may be missing); lost_after: the last step before the loss (a line after it)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.08)
+    for name, ys in losses.items():
+        fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=list(ys), mode="lines+markers", name=name,
+                                 legendgroup=name, hovertemplate=f"{name}<br>step %{{x}}: %{{y:.6f}}<extra></extra>"),
+                      row=1, col=1)
+    for name, ns in ranks.items():
+        fig.add_trace(go.Scatter(x=list(range(1, len(ns) + 1)), y=list(ns), mode="lines+markers", name=name,
+                                 legendgroup=name, showlegend=name not in losses, line_shape="hv",
+                                 hovertemplate=f"{name}<br>step %{{x}}: %{{y}}<extra></extra>"), row=2, col=1)
+    for row in (1, 2):
+        fig.add_vline(x=lost_after + 0.5, line_dash="dot", row=row, col=1)
+    fig.update_yaxes(title_text="loss", row=1, col=1)
+    fig.update_yaxes(title_text="taking part", rangemode="tozero", dtick=1, row=2, col=1)
+    fig.update_xaxes(title_text="step", dtick=1, row=2, col=1)
+    fig.update_layout(title=title, height=480, margin=dict(l=60, r=20, t=50, b=50))
     return fig
