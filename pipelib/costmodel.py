@@ -92,7 +92,7 @@ class DeviceProfile:
         """This GPU in nodes of `gpus_per_node`, joined by `inter_node` (chapter 15's two-speed
         nodes: the simulated clock charges each message the link of its pair of ranks)."""
         return replace(self, gpus_per_node=gpus_per_node, inter_node=inter_node,
-                       name=f"{self.name} x{gpus_per_node} a node, {inter_node.name} between")
+                       name=f"{self.name} nodes of {gpus_per_node}")
 
     @property
     def ridge_point(self) -> float:

@@ -238,5 +238,6 @@ def scale_model_profile(real, real_batch: int, stand_in, batch: int, device, lin
     real_compute = gpt_train_flops(real, real_batch, real.block_size) / (dev.flops * mfu)
     flops = gpt_train_flops(stand_in, batch, stand_in.block_size) / (k * real_compute)
     scaled = Link(f"{link.name} x{k:.2g}", link.alpha * k, link.beta)
-    return replace(dev, name=f"{dev.name} at {mfu:.0%} over {link.name}, scaled x{k:.2g}", flops=flops, link=scaled,
-                   source=f"{real.n_layer}-layer GPT of {psi(real) / 1e6:.0f}M on {dev.name}, times x{k:.3g}"), k
+    return replace(dev, name=f"scaled {dev.name}", flops=flops, link=scaled,
+                   source=f"a {psi(real) / 1e6:.0f}M GPT on {dev.name} at {mfu:.0%} of peak over {link.name}, "
+                          f"every time x{k:.3g}"), k
