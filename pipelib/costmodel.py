@@ -2,7 +2,9 @@
 
 A simulated device (`device="sim"`) does real math on the CPU but takes its *time* from a
 profile: a compute op lasts max(flops / peak FLOP/s, bytes / memory bandwidth) (the roofline,
-Williams et al. 2009), a message lasts alpha + bytes / beta (Hockney 1994). The presets hold
+Williams et al. 2009), a message lasts alpha + bytes / beta (Hockney 1994): on the profile's
+`link`, or with a node map (`with_nodes`: GPUs per node, a slower `inter_node` link) on the link
+its two ranks share (chapter 15's two-speed nodes). The presets hold
 published figures; `toy-gpu`, the default, is a small round-numbered teaching device, sized so
 the book's tiny models take milliseconds on a laptop.
 
