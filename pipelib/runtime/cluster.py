@@ -116,6 +116,12 @@ class Cluster:
     def pids(self) -> list[int]:
         return [i["pid"] for i in self.info]
 
+    @property
+    def jobs(self) -> list[str]:
+        """The batch jobs running the engines (launcher="slurm": one sbatch job id); else []."""
+        engine_sets = self._ipp.engines.values() if self._ipp is not None and self.launcher.batch else ()
+        return [e.job_id for e in engine_sets]
+
     def start(self) -> Cluster:
         if self.running:
             return self

@@ -54,7 +54,7 @@ def _all_reduce_and_gather():
 def test_ranks_are_mpis_ranks(mpi2):
     assert mpi2.run(_ranks) == [(0, 0, 0, 2, 2), (1, 1, 1, 2, 2)]
     assert mpi2._eids == [0, 1]   # ipyparallel's engine ids are the MPI ranks (--mpi), in rank order
-    assert "launcher='mpi'" in repr(mpi2)
+    assert "launcher='mpi'" in repr(mpi2) and mpi2.jobs == []
 
 
 def test_the_ranks_met_at_a_tcp_store_not_a_file(mpi2):

@@ -41,7 +41,7 @@ def _ranks_and_sum():
 
 def test_a_slurm_job_is_the_cluster(slurm2):
     assert slurm2.run(_ranks_and_sum) == [(0, 0, 2, 3.0), (1, 1, 2, 3.0)]
-    (job,) = [e.job_id for e in slurm2._ipp.engines.values()]
+    (job,) = slurm2.jobs
     squeue = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %D"], capture_output=True, text=True, timeout=30)
     assert squeue.stdout.split() == ["RUNNING", "1"]         # one job, on the one node
     assert os.path.exists(os.path.join(slurm2._rundir, "slurm_engine.sbatch"))
@@ -54,7 +54,8 @@ def test_stop_cancels_the_job():
     if why:
         pytest.skip(why)
     c = Cluster(2, device="cpu", launcher="slurm", timeout=60)
-    (job,) = [e.job_id for e in c._ipp.engines.values()]
+    (job,) = c.jobs
     c.stop()
+    assert c.jobs == []
     squeue = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
     assert squeue.stdout.strip() in ("", "COMPLETING", "CANCELLED"), squeue.stdout
