@@ -9,15 +9,19 @@ One round times, between barriers on every rank, a dispatch then the combine tha
 rows back (the reverse splits), for each variant in turn (the order flipping each round so a
 drift in load hits both alike): "ours" (the registry's `all_to_all_uneven` as the MoE layer
 calls it: counts given, unchecked), "ours_checked" (the default call: the ranks agree on the
-counts first, one more message round) and "gloo" (`all_to_all_single`, the twin). A round's
+counts first, one more message round), "gloo" (`all_to_all_single`, the twin) and "p2p" (the
+same pairwise exchange in plain torch.distributed isend/irecv, no pipelib: the floor pipelib's
+own bookkeeping, its trace and handles, stands on). A round's
 time is the slowest rank's. Reported: medians, and the ratio gloo time / ours (1.0: as fast as
 gloo; above 1.0: faster), the median of the per-round ratios (paired). Issue 23's target:
 0.9 or more at 1 MiB per rank and above.
 
 Wall-clock numbers on a shared 2-core machine are noisy: read the ratios and the load printed.
-Writes bench/results/expert_parallel.json.
+`--spawn` runs the ranks as spawned gloo processes instead of a cluster's engines (no
+ipyparallel: a bare machine with torch, e.g. an idle many-core one). Writes
+bench/results/expert_parallel.json.
 
-    .venv/bin/python bench/expert_parallel.py [--quick] [--worlds 2,4] [--repeats 9]
+    .venv/bin/python bench/expert_parallel.py [--quick] [--worlds 2,4] [--repeats 9] [--spawn]
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import load, write  # noqa: E402
 
 ROW = 1024  # bytes per token row: 256 fp32
-VARIANTS = ("ours", "ours_checked", "gloo")
+VARIANTS = ("ours", "ours_checked", "gloo", "p2p")
 
 
 def _race(sizes, repeats, seed, row, variants):
@@ -59,7 +63,19 @@ def _race(sizes, repeats, seed, row, variants):
         m[:, -1] += rows - m.sum(1)
         return m
 
+    def p2p(x, ins, outs):  # the pairwise exchange in plain torch.distributed: receives first
+        xs, y = list(torch.split(x, ins)), torch.empty((sum(outs), *x.shape[1:]), dtype=x.dtype)
+        ys = list(torch.split(y, outs))
+        ys[r].copy_(xs[r])
+        works = [dist.irecv(ys[p], p) for p in ((r - s) % n for s in range(1, n)) if outs[p]]
+        works += [dist.isend(xs[p], p) for p in ((r + s) % n for s in range(1, n)) if ins[p]]
+        for w in works:
+            w.wait()
+        return y
+
     def run(name, x, ins, outs):
+        if name == "p2p":
+            return p2p(p2p(x, ins, outs), outs, ins)
         if name == "gloo":
             y = info.twin(x, None, input_splits=ins, output_splits=outs)
             return info.twin(y, None, input_splits=outs, output_splits=ins)
@@ -85,35 +101,76 @@ def _race(sizes, repeats, seed, row, variants):
     return out
 
 
-def main(argv=None) -> dict:
-    from pipelib import Cluster
+def _spawned(rank, n, port, args, path):
+    """One spawned rank: join a gloo group, race on a plain CPU device, rank 0 saves all ranks'."""
+    import pickle
 
+    import torch.distributed as dist
+
+    from pipelib.runtime.device import Device, DeviceSpec, set_current
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n)
+    set_current(Device(rank, n, DeviceSpec(kind="cpu")))
+    got = [None] * n
+    dist.all_gather_object(got, _race(*args))
+    if rank == 0:
+        with open(path, "wb") as f:
+            pickle.dump(got, f)
+    dist.destroy_process_group()
+
+
+def _per_rank(n, args, spawn: bool):
+    """{bytes: {variant: [seconds]}} of each rank: on a cluster's CPU engines, or spawned."""
+    if not spawn:
+        from pipelib import Cluster
+
+        with Cluster(n, device="cpu", timeout=600) as cluster:
+            return cluster.run(_race, *args, timeout=3000)
+    import pickle
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock, tempfile.TemporaryDirectory() as tmp:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        mp.spawn(_spawned, args=(n, port, args, os.path.join(tmp, "out.pkl")), nprocs=n)
+        with open(os.path.join(tmp, "out.pkl"), "rb") as f:
+            return pickle.load(f)
+
+
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--quick", action="store_true", help="fewer sizes, 3 rounds (a smoke run)")
+    ap.add_argument("--spawn", action="store_true", help="spawned gloo ranks instead of a cluster")
     a = ap.parse_args(argv)
     top = 22 if a.quick else 24
     sizes = [2**k for k in range(16, top + 1, 2)]
     repeats = 3 if a.quick else a.repeats
     out = {"row_bytes": ROW, "sizes": sizes, "repeats": repeats, "cores": os.cpu_count(), "load_before": load(),
-           "worlds": {}}
+           "spawned": a.spawn, "worlds": {}}
     for n in [int(w) for w in a.worlds.split(",")]:
-        with Cluster(n, device="cpu", timeout=600) as cluster:
-            per_rank = cluster.run(_race, sizes, repeats, 23, ROW, VARIANTS, timeout=3000)
+        per_rank = _per_rank(n, (sizes, repeats, 23, ROW, VARIANTS), a.spawn)
         rows = []
         print(f"\nworld {n}: dispatch + combine, {repeats} rounds; ratio = gloo time / ours (1.0: as fast)")
-        print(f"{'bytes/rank':>10} {'ours ms':>8} {'checked':>8} {'gloo ms':>8} {'ratio':>6} {'checked':>8}")
+        print(f"{'bytes/rank':>10} {'ours ms':>8} {'checked':>8} {'gloo ms':>8} {'p2p ms':>7} {'ratio':>6} "
+              f"{'checked':>8} {'p2p':>5}")
         for nb in sizes:
             slowest = {k: [max(p[nb][k][i] for p in per_rank) for i in range(repeats)] for k in VARIANTS}
             med = {k: statistics.median(v) for k, v in slowest.items()}
             ratio = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["ours"]))
             ratio_ck = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["ours_checked"]))
+            ratio_p2p = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["p2p"]))
             rows.append({"bytes": nb, **{f"{k}_s": v for k, v in med.items()}, "ratio": ratio,
-                         "ratio_checked": ratio_ck})
+                         "ratio_checked": ratio_ck, "ratio_p2p": ratio_p2p})
             size = f"{nb // 2**20} MiB" if nb >= 2**20 else f"{nb // 1024} KiB"
             print(f"{size:>10} {1e3 * med['ours']:8.2f} {1e3 * med['ours_checked']:8.2f} {1e3 * med['gloo']:8.2f} "
-                  f"{ratio:6.2f} {ratio_ck:8.2f}")
+                  f"{1e3 * med['p2p']:7.2f} {ratio:6.2f} {ratio_ck:8.2f} {ratio_p2p:5.2f}")
         out["worlds"][n] = {"rows": rows, "load_after": load()}
     print(f"\nload average before {out['load_before']}, after {load()} on {os.cpu_count()} cores")
     print(f"wrote {write('expert_parallel', out)}")
