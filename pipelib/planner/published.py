@@ -165,26 +165,35 @@ def comparison(runs=PUBLISHED, calibrate_on: int = 0) -> tuple[float, list[dict]
 
 
 def balanced_stage_memory(model: ModelSpec, lay: Strategy, m: int, fewer: int) -> list[dict]:
-    """Bytes of every pipeline stage under 1F1B, itemised, with `fewer` layers taken off the
-    first and the last stage (Llama 3's balance, Dubey et al. 2024, section 3.3.2: the first
-    stage holds the embedding and the most microbatches in flight, the last the output layer):
-    stage s holds its layers' states and min(p - s, m) microbatches of their activations
-    (`planner.memory`'s formulas, the same per layer)."""
-    if lay.schedule != "1f1b" or lay.pp < 2:
-        raise ValueError(f"balanced_stage_memory: schedule={lay.schedule!r}, pp={lay.pp}; it counts a 1F1B "
-                         f"pipeline (stage s holds min(p - s, m) microbatches)")
+    """Bytes of every pipeline stage, itemised, with `fewer` layers taken off the first and the
+    last stage (Llama 3's balance, Dubey et al. 2024, section 3.3.2: the first stage holds the
+    embedding and the most microbatches in flight, the last the output layer): stage s holds
+    its layers' states and, at its peak, the microbatches its schedule keeps in flight there,
+    replayed from the schedule's own actions (1F1B's min(p - s, m)), of its layers'
+    activations (`planner.memory`'s formulas, the same per layer). One stage per rank."""
+    from pipelib.pipeline.schedules.ir import Op
+    from pipelib.pipeline.schedules.registry import make_schedule, schedule_info
+
+    if lay.pp < 2 or schedule_info(lay.schedule).chunked:
+        raise ValueError(f"balanced_stage_memory: schedule={lay.schedule!r}, pp={lay.pp}, virtual={lay.virtual}; "
+                         f"it counts a pipeline of one stage per rank (1F1B, GPipe, zero bubble)")
+    sched = make_schedule(lay.schedule, lay.pp, m, None)
     even = model.n_layer // lay.pp
     out = []
     for s in range(lay.pp):
+        held = peak = 0
+        for act in sched.actions[s]:  # a forward saves a microbatch; the backward that ends it frees it
+            held += 1 if act.op == Op.F else -1 if act.op in (Op.B, Op.W) else 0
+            peak = max(peak, held)
         layers = even - fewer if s in (0, lay.pp - 1) else even
         mem = memory(replace(model, n_layer=layers * lay.pp), lay, m)  # the states of a stage of `layers`
-        mem["activations"] = layers * layer_activation_bytes(model, lay) * min(lay.pp - s, m)
+        mem["activations"] = layers * layer_activation_bytes(model, lay) * peak
         out.append(mem)
     return out
 
 
 def balanced(run: PublishedRun, efficiency: float, fewer: int = 1) -> dict:
-    """`run`'s published degrees under 1F1B and the recomputation policy (none or selective)
+    """`run`'s published degrees under 1F1B (`Strategy`'s default) and the recomputation policy (none or selective)
     that fits and runs fastest, each stage's memory counted with `fewer` layers off the first
     and last stage (`balanced_stage_memory`), the time of the evenly split model (its planned
     layers: within 1.6% of Llama 3's FLOPs). Nothing is fitted: `efficiency` is the one
@@ -194,7 +203,7 @@ def balanced(run: PublishedRun, efficiency: float, fewer: int = 1) -> dict:
     dp, tp, pp, cp = run.degrees
     tried = []
     for rc in ("none", "selective"):
-        lay = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, zero=1, recompute=rc, micro_batch=1, schedule="1f1b")
+        lay = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, zero=1, recompute=rc, micro_batch=1)  # 1F1B
         c = evaluate(run.model, machine, run.n_devices, run.global_batch, lay)
         stages = balanced_stage_memory(run.model, lay, run.global_batch // (dp * lay.micro_batch), fewer)
         fullest = max(sum(d.values()) for d in stages)
