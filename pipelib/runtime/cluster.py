@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -128,8 +129,8 @@ class Cluster:
         import ipyparallel as ipp
 
         t0, say = time.perf_counter(), StartupProgress(self.progress).say
-        say(f"starting {self.world_size} engines ({self.spec.kind}, {self.launcher.name} launcher, "
-            f"{getattr(self.spec.profile, 'name', self.spec.profile)}, {self.spec.clock} clock)")
+        say(f"starting {self.world_size} engines ({self.spec.kind}, "
+            f"{getattr(self.spec.profile, 'name', self.spec.profile)}, {self.spec.clock} clock){self.launcher.says}")
         self._rundir = tempfile.mkdtemp(prefix="pipelib-cluster-")
         self.tag = os.path.basename(self._rundir)
         self._watchdog = watchdog.launch(self.tag, self._rundir)
@@ -180,7 +181,8 @@ class Cluster:
             self.client[eid].apply_async(
                 engine._engine_init, rank, self.world_size, meeting, self.spec, epoch,
                 self._activity_path(rank), self.timeout, me.pid, me.create_time(),
-                [os.path.abspath(p or ".") for p in sys.path], os.getcwd(), self.launcher.rank_variables)
+                [os.path.abspath(p or ".") for p in sys.path], os.getcwd(), self.launcher.rank_variables,
+                socket.gethostname())
             for rank, eid in enumerate(self._eids)
         ]
         self.info = []  # pids unknown until init returns: ipyparallel reports deaths meanwhile

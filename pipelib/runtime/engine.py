@@ -35,11 +35,12 @@ def free_port() -> int:
 
 
 def _engine_init(rank, world_size, meeting, spec, epoch, activity_path, timeout, parent_pid, parent_ctime,
-                 sys_path, cwd, rank_variables=()):
+                 sys_path, cwd, rank_variables=(), parent_host=None):
     """Runs on each engine: import path, device, parent watch, then torch.distributed.
 
     `meeting`: a `pipelib.runtime.rendezvous` FileMeeting or TcpMeeting. `rank_variables`: where
-    the engine's launcher put its rank, which must be `rank` (a RuntimeError naming both if not)."""
+    the engine's launcher put its rank, which must be `rank` (a RuntimeError naming both if not).
+    `parent_host`: the notebook's host; the engine watches the kernel's pid only on that host."""
     import gc
     import threading
     from datetime import timedelta
@@ -63,7 +64,9 @@ def _engine_init(rank, world_size, meeting, spec, epoch, activity_path, timeout,
             time.sleep(1.0)
         os._exit(1)
 
-    threading.Thread(target=watch_parent, daemon=True, name="pipelib-parent-watch").start()
+    if parent_host in (None, socket.gethostname()):  # a kernel on another host has no pid here: the
+        # controller's heartbeat is what stops such an engine (ipyparallel's max_heartbeat_misses)
+        threading.Thread(target=watch_parent, daemon=True, name="pipelib-parent-watch").start()
     backend = "nccl" if spec.kind == "cuda" else "gloo"
     with dev.activity.doing(f"init_process_group({backend})"):
         dist.init_process_group(backend, store=meeting.open(world_size, timeout),

@@ -65,6 +65,7 @@ class Launcher:
     probe: tuple[str, ...] = ()       # a command whose output says whether engines can start now
     ready_words: tuple[str, ...] = () # ... when it prints one of these
     start_hint: str = ""              # what to do when the probe says no
+    says: str = ""                    # what a cluster's start-up line adds about it
 
     def which(self) -> str | None:
         """Where the launcher's program is (None: missing, or no program needed)."""
@@ -150,12 +151,13 @@ LAUNCHERS: Mapping[str, Launcher] = MappingProxyType({
     "mpi": Launcher(
         "mpi", engines="mpi", program="mpiexec", modules=("mpi4py",),
         install="apt-get install openmpi-bin libopenmpi-dev, then pip install mpi4py==4.1.2 (in the venv)",
-        environment=OPEN_MPI_ENV, rank_variables=("OMPI_COMM_WORLD_RANK", "PMI_RANK"), tcp_store=True),
+        environment=OPEN_MPI_ENV, rank_variables=("OMPI_COMM_WORLD_RANK", "PMI_RANK"), tcp_store=True,
+        says=", started by mpiexec"),
     "slurm": Launcher(
         "slurm", engines="slurm", program="sbatch",
         install="apt-get install slurm-wlm munge (one machine: tools/slurm_localhost.sh start), or run "
                 "on your cluster's login node",
-        rank_variables=("SLURM_PROCID",), tcp_store=True, batch=True,
+        rank_variables=("SLURM_PROCID",), tcp_store=True, batch=True, says=", as a SLURM job (sbatch)",
         probe=("sinfo", "--noheader", "--format=%T"), ready_words=("idle", "mix"),
         start_hint="no SLURM node ready to take the engines; on this machine, as root: tools/slurm_localhost.sh start"),
 })
