@@ -74,7 +74,7 @@ def _lighthouse(address, stop, log: str, min_replicas: int) -> None:
     from torchft.coordination import LighthouseServer
 
     server = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, join_timeout_ms=5000,
-                              heartbeat_timeout_ms=2000)
+                              heartbeat_timeout_ms=5000)  # a busy 2-core machine can starve a heartbeat
     address.put(server.address())
     stop.wait()
     server.shutdown()
