@@ -30,9 +30,10 @@
   each rank sends to each other rank per step read from the trace, animated; the load per
   expert over training under each balancing method; tokens dropped against the capacity factor
   (chapter 16);
-- `faults`: `lost_time_figure`, `save_time_figure`: the share of time lost against the
-  checkpoint interval with Young's and Daly's optima, save time against the state's size
-  (chapter 18);
+- `faults`: `lost_time_figure`, `save_time_figure`, `lost_rank_figure`: the share of time lost
+  against the checkpoint interval with Young's and Daly's optima, save time against the state's
+  size, and a run that lost a rank for good (restarted on fewer, or torchft's replicas going
+  on), its loss and who took part per step (chapter 18);
 - `launch`: `tokenizer_figure`: characters per token and the embedding's share of the
   parameters, the character tokenizer beside BPE of growing vocabularies (chapter 19);
 - `display`: `show(fig)`, a plotly figure that renders in JupyterLab and in the static book, and
@@ -96,6 +97,7 @@ API = MappingProxyType({
     "drop_rate_figure": "experts",
     "lost_time_figure": "faults",
     "save_time_figure": "faults",
+    "lost_rank_figure": "faults",
     "tokenizer_figure": "launch",
     "time_unit": "display",
     "Units": "display",

@@ -123,6 +123,8 @@ SAMPLES = {
     "plans_figure": lambda: viz.plans_figure(_plans()[:3]),
     "plans_explorer_figure": lambda: viz.plans_explorer_figure({"GPT-3": _plans()[:3], "again": _plans()[3:5]}),
     "lost_time_figure": lambda: viz.lost_time_figure([60, 600, 6000], [0.2, 0.05, 0.3], 900, 950, 0.04),
+    "lost_rank_figure": lambda: viz.lost_rank_figure({"a": [4.2, 4.1, 4.0], "b": [4.2, 4.1, 4.05]}, {"b": [2, 2, 1]},
+                                                     2),
     "save_time_figure": lambda: viz.save_time_figure([{"mib": 16, "seconds": 0.05}, {"mib": 64, "seconds": 0.17}]),
     "explorer_figures": lambda: explorer.explorer_figures("zbv", 4, 8),
     "explorer_sweep": lambda: explorer.explorer_sweep("m", [2, 4, 8], schedule="1f1b", p=4),
