@@ -36,7 +36,7 @@ import time
 
 import psutil
 
-from pipelib.runtime import engine, rendezvous, watchdog
+from pipelib.runtime import engine, px, rendezvous, watchdog
 from pipelib.runtime.launchers import launcher_info, launcher_rank, order_by_launcher_rank
 from pipelib.runtime.args import DEFAULT_TIMEOUT, check_timeout, validate_args
 from pipelib.runtime.beacon import Activity
@@ -200,6 +200,7 @@ class Cluster:
             return
         if get_ipython() is not None:
             self.view.activate()  # %%px, %px, %autopx on every rank
+            px.install(self)  # an engine error in a %%px cell names its rank (pipelib.runtime.px)
 
     def stop(self) -> None:
         """Stop every process of the cluster (idempotent)."""
