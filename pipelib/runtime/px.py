@@ -7,7 +7,8 @@ cluster unusable. `install(cluster)` gives the notebook's IPython shell a handle
 errors: after ipyparallel's own display it prints one line per failing rank, "rank 2 raised
 ValueError: ... in %%px" (`pipelib.runtime.errors.short`), and, when a rank's error says the
 process group is dead (`pipelib.runtime.faults.broken_by`), marks the cluster broken and says
-"call cluster.restart() to continue", so the next `cluster.run` says so too.
+"call cluster.restart() to continue", so the next `cluster.run` says so too; and a `%%px` cell
+on a cluster that is broken is refused with the same line, not sent to its engines.
 
 `Cluster.start` installs it where it activates the magics (`_activate_px`); the last cluster
 started is the one `%%px` runs on, and the one the handler names ranks for.
@@ -81,4 +82,34 @@ def install(cluster, shell=None) -> bool:
             print(summary(cluster, errors), flush=True)
 
     shell.set_custom_exc((CompositeError, AlreadyDisplayedError, RemoteError), handle)
+    _guard_broken(shell, ref)
     return True
+
+
+def refusal(lines: list, cluster) -> list:
+    """A `%%px` / `%px` / `%autopx` cell's lines, or, when `cluster` is broken, one line that raises
+    its one-line `ClusterError` instead of sending the cell to engines that cannot run it."""
+    first = next((ln.strip() for ln in lines if ln.strip()), "")
+    if cluster is None or not cluster.running or not cluster._broken:
+        return lines
+    if not first.startswith(("%%px", "%px", "%autopx")):
+        return lines
+    from pipelib.runtime.faults import unusable_message
+
+    return [f"raise __import__('pipelib.runtime.errors', fromlist=['ClusterError']).ClusterError("
+            f"{unusable_message(cluster._broken)!r}) from None\n"]
+
+
+def _guard_broken(shell, ref) -> None:
+    """One input transformer per shell (a restarted cluster replaces its predecessor's): a `%%px`
+    cell on a broken cluster is refused in one line, as `Cluster.run` refuses."""
+    transformers = shell.input_transformers_cleanup
+    old = getattr(shell, "_pipelib_px_guard", None)
+    if old in transformers:
+        transformers.remove(old)
+
+    def guard(lines):
+        return refusal(lines, ref())
+
+    shell._pipelib_px_guard = guard
+    transformers.append(guard)

@@ -46,9 +46,19 @@ def test_a_px_cell_whose_process_group_died_marks_the_cluster_broken(shell_and_c
     with pytest.raises(ClusterError, match=r"^the cluster is unusable after torch\.distributed failed on rank\(s\) "
                                            r"\[0\] in %%px .*: call cluster\.restart\(\)"):
         c.run(sum, [1, 2])
+    # a %%px cell on the broken cluster is refused with the same line, and never reaches the engines
+    res = shell.run_cell("%%px\nimport os; os.environ['PIPELIB_PX_RAN'] = '1'")
+    assert isinstance(res.error_in_exec, ClusterError), res.error_in_exec
+    assert "call cluster.restart() to continue" in str(res.error_in_exec)
+    assert shell.run_cell("%px 1 + 1").error_in_exec is not None
+    assert c.view.apply_sync(lambda: __import__("os").environ.get("PIPELIB_PX_RAN")) == [None, None]
     c.restart()
     c.view.activate()
+    install(c, shell)  # what Cluster.start does after a restart: one guard per shell, the new cluster's
+    assert len([t for t in shell.input_transformers_cleanup if t is shell._pipelib_px_guard]) == 1
     assert c.run(sum, [1, 2]) == [3, 3]
+    assert shell.run_cell("%%px\nx = rank").error_in_exec is None  # the restarted cluster runs %%px again
+    assert c.view.pull("x", block=True) == [0, 1]
 
 
 def test_errors_that_did_not_come_from_the_engines_are_left_alone(shell_and_cluster):
