@@ -99,7 +99,7 @@ def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, o
     import torch
     import torch.distributed as dist
 
-    from pipelib.runtime.device import Device, DeviceSpec, set_current
+    from pipelib.runtime.device import Device, DeviceSpec, current, set_current
     from pipelib.trainer import train_plan
 
     env, device = preflight(recipe, plan, device, environ)
@@ -124,7 +124,7 @@ def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, o
             dist.gather_object(result, results if env["RANK"] == 0 else None, dst=0)
         code = 0
         if env["RANK"] == 0:
-            code = _report(recipe, plan, results, everyone, out)
+            code = _report(recipe, plan, results, everyone, out, device=current().torch_device)
         codes = [None] * env["WORLD_SIZE"]
         dist.all_gather_object(codes, code)
         return max(codes)
@@ -151,9 +151,9 @@ def _resumable(recipe, plan, root: str, save_every: int, crash_after: int | None
                       params=out.params, stats={"start": out.start, "saved": out.saved})
 
 
-def _report(recipe, plan, results, everyone, out: str | None) -> int:
+def _report(recipe, plan, results, everyone, out: str | None, device=None) -> int:
     """Rank 0: print and write what every rank measured; with every rank's `results`, the check
-    against one process."""
+    against one process (on rank 0's `device`: a GPU run against one process on the same GPU)."""
     from pipelib.results import check_against_reference
 
     losses = next((r["losses"] for r in everyone if r["losses"]), [])
@@ -166,7 +166,7 @@ def _report(recipe, plan, results, everyone, out: str | None) -> int:
     print(f"{plan} on {len(everyone)} ranks: losses {', '.join(f'{x:.4f}' for x in losses)}", flush=True)
     code = 0
     if results is not None:
-        ref, start = recipe.reference(), results[0].stats.get("start")
+        ref, start = recipe.reference(device), results[0].stats.get("start")
         if start is not None:  # resumed at `start`: its steps' losses and the final parameters
             report["resumed_at"] = start
             print(f"resumed from the checkpoint of step {start}", flush=True)

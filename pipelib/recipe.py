@@ -164,14 +164,16 @@ class Recipe:
         grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
         return StepResult(loss=loss.detach(), grads=grads, stats={"logits": out[0].detach()} if keep_logits else {})
 
-    def reference(self):
+    def reference(self, device=None):
         """One process trains the whole batch for `steps` steps: a `StepResult` with the last
-        loss, every step's loss, the last step's gradients and the parameters afterwards."""
+        loss, every step's loss, the last step's gradients and the parameters afterwards, on the
+        CPU. `device` (e.g. "cuda:0") runs it there instead: a GPU run is checked against one
+        process on the same kind of GPU, whose kernels round as its ranks' do."""
         from pipelib.results import StepResult
         from pipelib.train import train_steps
 
-        model = self.build()
-        batches = (self.global_batch(s) for s in range(self.steps))
+        model = self.build().to(device or "cpu")
+        batches = (tuple(t.to(device or "cpu") for t in self.global_batch(s)) for s in range(self.steps))
         if self.mixed_precision:
             from pipelib.data_parallel.mixed_precision import MasterWeightAdam
 
@@ -179,9 +181,11 @@ class Recipe:
         else:
             opt = self.make_optimizer(model.parameters())
         losses, grads = train_steps(model, batches, opt, loss_of)
-        grads = {k: g.float() for k, g in grads.items()} if self.mixed_precision else grads
+        grads = {k: g.float().cpu() for k, g in grads.items()} if self.mixed_precision else \
+            {k: g.cpu() for k, g in grads.items()}
         params = opt.master_parameters() if self.mixed_precision else \
             {k: p.detach().clone() for k, p in model.named_parameters()}
+        params = {k: p.cpu() for k, p in params.items()}
         return StepResult(loss=torch.tensor(losses[-1], dtype=self.dtype), grads=grads, losses=tuple(losses),
                           params=params)
 

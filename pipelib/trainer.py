@@ -102,9 +102,9 @@ def train_plan(recipe, plan, *, mesh=None, start: int = 0, stop: int | None = No
         final = par.unshard("data")
     reports = _reports_loss(mesh, par)
     grads, final = _on_cpu(grads), _on_cpu(final)
-    return StepResult(loss=torch.tensor(losses[-1]) if reports and losses else None, grads=grads, params=final,
-                      losses=tuple(losses) if reports else (), times=tuple(times), bytes_sent=tuple(sent),
-                      peak_bytes=run_scope.peak_bytes)
+    last = torch.tensor(losses[-1], dtype=recipe.dtype) if reports and losses else None  # the recipe's dtype
+    return StepResult(loss=last, grads=grads, params=final, losses=tuple(losses) if reports else (),
+                      times=tuple(times), bytes_sent=tuple(sent), peak_bytes=run_scope.peak_bytes)
 
 
 def run(cluster, recipe, plan, *, reset: bool = True) -> list:

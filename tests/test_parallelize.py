@@ -38,6 +38,8 @@ def test_dp2_tp2_equals_one_process_and_bytes_per_axis(cluster4):
     assert trace.bytes_sent(axis="tp") == RECIPE.steps * 2 * 2 * (c.forward_bytes + c.backward_bytes)
     assert trace.bytes_sent(axis="pp") == 0
     assert all(len(r.bytes_sent) == RECIPE.steps and r.peak_bytes > 0 for r in results)
+    # the last loss is the recipe's dtype, not a Python float cast to fp32 (caught on a GPU first)
+    assert all(r.loss.dtype == torch.float64 and r.loss.item() == r.losses[-1] for r in results if r.losses)
 
 
 def _tp_shard_numel(cfg, t):
