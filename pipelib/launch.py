@@ -105,8 +105,11 @@ def train_from_env(recipe, plan, *, device: str = "auto", check: bool = False, o
     env, device = preflight(recipe, plan, device, environ)
     if device == "cuda":
         torch.cuda.set_device(env["LOCAL_RANK"])
+    # NCCL told its GPU (device_id): it need not guess one from the rank, a guess that hangs
+    # where ranks and GPUs are mapped otherwise (torch warns so on every barrier)
+    gpu = {"device_id": torch.device("cuda", env["LOCAL_RANK"])} if device == "cuda" else {}
     dist.init_process_group("nccl" if device == "cuda" else "gloo", store=_attempt_store(env),
-                            rank=env["RANK"], world_size=env["WORLD_SIZE"])
+                            rank=env["RANK"], world_size=env["WORLD_SIZE"], **gpu)
     try:
         set_current(Device(env["RANK"], env["WORLD_SIZE"], DeviceSpec(device)))
         t0 = time.perf_counter()
