@@ -51,8 +51,15 @@ def test_doctor_names_debians_packages_for_what_is_missing(monkeypatch, tmp_path
     assert os.path.dirname(sys.executable) in lines["torchrun"]
 
 
+def _make_env() -> dict:
+    """This environment without a parent make's variables: under `make test` (CI) a child make
+    would otherwise print "make[1]: Entering directory ..." and inherit the parent's flags."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+
+
 def _make(*args):
-    return subprocess.run(["make", "-n", *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return subprocess.run(["make", "-n", *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=_make_env())
 
 
 def test_make_installs_torch_from_the_index_asked_for(tmp_path):
@@ -72,10 +79,10 @@ def test_make_checks_the_python_version_first(tmp_path):
     old.write_text("#!/bin/sh\necho 3.10\nexit 1\n")   # what the check prints and exits with on 3.10
     old.chmod(0o755)
     out = subprocess.run(["make", "venv", f"PYTHON={old}", f"VENV={tmp_path}/venv"], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
+                         text=True, timeout=60, cwd=ROOT, env=_make_env())
     assert out.returncode != 0 and not (tmp_path / "venv").exists()
     (line,) = [x for x in out.stdout.splitlines() if "pipelib needs" in x]
     assert f"needs Python 3.11, 3.12 or 3.13, and {old} is 3.10" in line and "make PYTHON=python3.12" in line
     ok = subprocess.run(["make", "python-version", f"PYTHON={sys.executable}", f"VENV={tmp_path}/venv"],
-                        capture_output=True, text=True, timeout=60, cwd=ROOT)
+                        capture_output=True, text=True, timeout=60, cwd=ROOT, env=_make_env())
     assert ok.returncode == 0 and ok.stdout == ""

@@ -6,6 +6,8 @@ the pieces again for any layout, so a run saved on one mesh resumes on another.
 
 - `errors`: one error type per thing that can be wrong with a checkpoint, naming the values;
 - `files`: temp name, fsync, rename, checksum on the way; `torch.load(weights_only=True)`;
+- `crc`: `file_crc32`, a file's CRC-32 on several threads (chunks combined as zlib's
+  `crc32_combine`), so that the load's check costs less than the load;
 - `pieces`: a rank's part of a whole tensor (tp split, ZeRO flat range): cut, put, coverage;
 - `manifest`: the commit record, step directories, latest committed, pruning to the last k;
 - `sharded`: save (each rank its file, rank 0 the manifest) and load (any layout) of pieces;

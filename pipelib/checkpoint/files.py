@@ -17,7 +17,8 @@ bit flipped later on the disk is caught when the file is read.
 Every step of a write calls `fault(event)` first ("before NAME", "during NAME" with half the
 bytes written, "after NAME" once renamed): a test injects a crash there (an exception, or
 `os._exit` in a forked process, which runs no cleanup at all) and shows that the last good
-checkpoint still loads. Loading reads a file once, in chunks, for its checksum, then maps it
+checkpoint still loads. Loading reads a file once, in chunks (CRC-32's on several threads,
+combined: `pipelib.checkpoint.crc`), for its checksum, then maps it
 (`torch.load(mmap=True)`: the tensors point at the pages just read), and never runs code from
 a file: `weights_only=True` accepts tensors, numbers, strings and containers only.
 
@@ -35,6 +36,7 @@ from types import MappingProxyType
 
 import torch
 
+from pipelib.checkpoint.crc import file_crc32
 from pipelib.checkpoint.errors import CorruptCheckpointError, MissingShardError
 
 
@@ -49,6 +51,12 @@ class _Crc32:
 
     def hexdigest(self) -> str:
         return f"{self.value:08x}"
+
+    @staticmethod
+    def of_file(path: str) -> tuple[str, int]:
+        """(hexdigest, bytes) of a whole file, its chunks on several threads (`checkpoint.crc`)."""
+        value, nbytes = file_crc32(path)
+        return f"{value:08x}", nbytes
 
 
 CHECKSUMS = MappingProxyType({"sha256": hashlib.sha256, "crc32": _Crc32})
@@ -156,6 +164,21 @@ class Writer:
         return self.write_bytes(directory, name, buf.getbuffer(), rank)
 
 
+def file_digest(algorithm, path: str) -> tuple[str, int]:
+    """(hexdigest, bytes) of the file at `path` under a `CHECKSUMS` entry: its own whole-file
+    reader where it has one (CRC-32's, on several threads), else one pass in chunks."""
+    if hasattr(algorithm, "of_file"):
+        return algorithm.of_file(path)
+    digest, nbytes = algorithm(), 0
+    chunk = bytearray(_CHUNK)
+    view = memoryview(chunk)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(chunk):
+            digest.update(view[:n])
+            nbytes += n
+    return digest.hexdigest(), nbytes
+
+
 def read_tensors(directory: str, record: FileRecord, *, verify: bool = True):
     """The object in `directory/record.name`, its size and checksum checked against the manifest's
     record first, loaded with `torch.load(weights_only=True)` (no code from the file runs)."""
@@ -165,17 +188,11 @@ def read_tensors(directory: str, record: FileRecord, *, verify: bool = True):
                                 f"shard, {record.nbytes} bytes), but it is missing; copy it back or load an "
                                 f"earlier step")
     if verify:
-        digest, nbytes = CHECKSUMS[record.algorithm](), 0
-        chunk = bytearray(_CHUNK)
-        view = memoryview(chunk)
-        with open(path, "rb", buffering=0) as f:
-            while n := f.readinto(chunk):
-                digest.update(view[:n])
-                nbytes += n
-        if nbytes != record.nbytes or digest.hexdigest() != record.checksum:
+        found, nbytes = file_digest(CHECKSUMS[record.algorithm], path)
+        if nbytes != record.nbytes or found != record.checksum:
             raise CorruptCheckpointError(
                 f"checkpoint {directory}: {record.name} (rank {record.rank}) has {nbytes} bytes with "
-                f"{record.algorithm} {digest.hexdigest()}, the manifest says {record.nbytes} bytes with "
+                f"{record.algorithm} {found}, the manifest says {record.nbytes} bytes with "
                 f"{record.checksum}: the file is corrupted; load an earlier step")
     # mapped, not copied: the pages just checksummed are in the page cache, tensors point at them
     return torch.load(path, mmap=True, weights_only=True, map_location="cpu")  # a GPU run saved CUDA tensors
