@@ -11,8 +11,7 @@ from pipelib.runtime.spawn import run_spawned
 
 
 def test_each_rank_runs_in_its_own_gloo_group_and_returns_its_result():
-    assert run_spawned(dist.get_rank, 3) == [0, 1, 2]
-    assert run_spawned(dist.get_world_size, 2) == [2, 2]
+    assert run_spawned(dist.get_rank, 3) == [0, 1, 2]  # one group of 3 (a spawn costs seconds: one only)
 
 
 def test_an_exception_on_the_ranks_comes_back_with_its_traceback():
