@@ -14,6 +14,7 @@ Introduced in chapter 18.
 """
 from __future__ import annotations
 
+from plotly.colors import qualitative
 import plotly.graph_objects as go
 
 
@@ -56,18 +57,29 @@ def lost_rank_figure(losses: dict, ranks: dict, lost_after: int,
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.08)
-    for name, ys in losses.items():
+    names = list(dict.fromkeys([*losses, *ranks]))
+    palette = qualitative.Plotly
+    color = {name: palette[i % len(palette)] for i, name in enumerate(names)}
+    for i, (name, ys) in enumerate(losses.items()):  # earlier runs drawn wider, so a run that retraces one shows both
+        width = max(2, 8 - 3 * i)
         fig.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=list(ys), mode="lines+markers", name=name,
-                                 legendgroup=name, hovertemplate=f"{name}<br>step %{{x}}: %{{y:.6f}}<extra></extra>"),
+                                 legendgroup=name, line=dict(color=color[name], width=width),
+                                 marker=dict(color=color[name], size=width + 4), opacity=0.6 if i == 0 else 1,
+                                 hovertemplate=f"{name}<br>step %{{x}}: %{{y:.6f}}<extra></extra>"),
                       row=1, col=1)
     for name, ns in ranks.items():
         fig.add_trace(go.Scatter(x=list(range(1, len(ns) + 1)), y=list(ns), mode="lines+markers", name=name,
                                  legendgroup=name, showlegend=name not in losses, line_shape="hv",
+                                 line=dict(color=color[name]), marker=dict(color=color[name]),
                                  hovertemplate=f"{name}<br>step %{{x}}: %{{y}}<extra></extra>"), row=2, col=1)
     for row in (1, 2):
         fig.add_vline(x=lost_after + 0.5, line_dash="dot", row=row, col=1)
+    fig.add_annotation(x=lost_after + 0.5, y=1, yref="y domain", text="rank lost", showarrow=False,
+                       xanchor="left", yanchor="top", xshift=4, row=1, col=1)
     fig.update_yaxes(title_text="loss", row=1, col=1)
     fig.update_yaxes(title_text="taking part", rangemode="tozero", dtick=1, row=2, col=1)
     fig.update_xaxes(title_text="step", dtick=1, row=2, col=1)
-    fig.update_layout(title=title, height=480, margin=dict(l=60, r=20, t=50, b=50))
+    fig.update_layout(title=dict(text=title, y=0.98, yanchor="top"), height=500,
+                      margin=dict(l=60, r=20, t=90, b=50),
+                      legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"))
     return fig
