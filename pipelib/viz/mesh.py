@@ -38,7 +38,10 @@ AXIS_COLORS = MappingProxyType({"tp": "#E45756", "cp": "#B279A2", "dp": "#4C78A8
 GROUP_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6",
                 "#9D755D", "#BAB0AC", "#79706E", "#D37295", "#8CD17D", "#B6992D", "#499894", "#86BCB6")
 COMPUTE_COLOR = "#C9CED6"
-_LOOK = MappingProxyType(dict(template="plotly_white", margin=dict(l=10, r=10, t=90, b=40),
+# the title at the figure's top, the legend's rows growing up from the plot's top: a legend that wraps
+# to two or three rows stays under the title instead of running into it
+_LOOK = MappingProxyType(dict(template="plotly_white", margin=dict(l=10, r=10, t=100, b=40),
+                              title_y=1, title_yref="container", title_yanchor="top", title_pad_t=14,
                               legend=dict(orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom")))
 
 
