@@ -19,7 +19,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from spawned import spawn_ranks  # tests/spawned.py
+from spawned import scenario_facts, scenario_runs  # tests/spawned.py
 
 WORLD = 4
 DEADLINE_S = 300
@@ -124,38 +124,13 @@ def _scenarios():
             "nan_zero3": lambda p: _nan_zero(p, "zero3")}
 
 
-def _worker(rank, path):
-    import datetime
-    import traceback
-
-    torch.set_num_threads(1)
-    store = dist.FileStore(os.path.join(path, "store"), WORLD)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=90))
-    out = {}
-    try:
-        for name, fn in _scenarios().items():
-            try:
-                out[name] = fn(path)
-            except Exception:
-                out[name] = {"error": traceback.format_exc()}
-            dist.barrier()
-        torch.save(out, os.path.join(path, f"out{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    outs = spawn_ranks(_worker, WORLD, tmp_path_factory.mktemp("checkpoint_experts"), DEADLINE_S)
-    return {name: [o.get(name, {}) for o in outs] for name in _scenarios()}
+    return scenario_runs(_scenarios, WORLD, tmp_path_factory.mktemp("checkpoint_experts"), DEADLINE_S)
 
 
 def _facts(runs, name) -> dict:
-    errors = [f"rank {r}:\n{f['error']}" for r, f in enumerate(runs[name]) if "error" in f]
-    if errors:
-        pytest.fail("\n".join(errors), pytrace=False)
-    return runs[name][0]
+    return scenario_facts(runs, name)
 
 
 def test_experts_saved_on_two_ep_ranks_load_in_one_process_bit_for_bit(runs):
