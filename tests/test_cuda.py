@@ -118,3 +118,37 @@ def test_parallelize_with_zero_on_cuda(nccl):
     recipe = Recipe(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16), batch_size=4, steps=3)
     result = train_plan(recipe, Plan(data_parallel="zero1"))
     check_against_reference([result], recipe.reference(), rtol=1e-4, atol=1e-5)
+
+
+def test_compute_on_cuda_is_timed_by_events_on_its_stream(nccl):
+    """The op's own GPU time (CUDA events on the current stream), not what the stream ran before
+    it, and no device-wide synchronize (which would wait on NCCL's streams too)."""
+    import time
+
+    from pipelib.runtime.device import current
+    from pipelib.trace import Kind
+
+    dev = current()
+    a = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    for _ in range(20):  # queued before the op: about 20 x 2 ms the op must not be charged
+        a @ a
+    dev.tracer.clear()
+    dev.tracer.enabled = True  # off outside a cluster: measurement is optional
+    try:
+        t0 = time.perf_counter()
+        with dev.compute("matmul"):
+            b = a @ a
+        wall = time.perf_counter() - t0  # includes the queued work the op waited behind
+    finally:
+        dev.tracer.enabled = False
+    (ev,) = [e for e in dev.tracer.events if e.kind == Kind.COMPUTE]
+    op = ev.end - ev.start
+    one = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    one[0].record()
+    a @ a
+    one[1].record()
+    one[1].synchronize()
+    alone = one[0].elapsed_time(one[1]) / 1e3
+    assert b.is_cuda and 0 < op < wall / 3, (op, wall)  # not the queue in front of it
+    assert 0.5 * alone < op < 2 * alone, (op, alone)    # about one product's GPU time

@@ -208,7 +208,7 @@ class _Measured:
     """`Device.compute` on a real device: the op's wall-clock time, recorded once it ended (a
     class, not a generator: it runs around every F, B, I and W of a pipeline step)."""
 
-    __slots__ = ("dev", "label", "stage", "microbatch", "before", "start")
+    __slots__ = ("dev", "label", "stage", "microbatch", "before", "start", "events")
 
     def __init__(self, dev: Device, label: str, stage, microbatch):
         self.dev, self.label, self.stage, self.microbatch = dev, label, stage, microbatch
@@ -217,17 +217,29 @@ class _Measured:
         activity = self.dev.activity
         self.before = activity.text
         activity.set(_compute_text(self.label, self.stage, self.microbatch))
+        self.events = None
+        if self.dev.kind == "cuda":  # CUDA events on the current stream: the op's own GPU time
+            import torch
+
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
         self.start = self.dev.clock.now()
         return self.dev
 
     def __exit__(self, exc_type, exc, tb):
         dev = self.dev
         if exc_type is None:
-            if dev.kind == "cuda":
-                import torch
-
-                torch.cuda.synchronize()
-            dev.tracer.record(Kind.COMPUTE, self.label, self.start, dev.clock.now(),
+            start, end = self.start, dev.clock.now()
+            if self.events is not None:
+                # wait for this stream up to the op's end only, not the whole device: a receive
+                # posted ahead on NCCL's stream must not be waited here (it would deadlock a
+                # pipeline whose sender waits for this rank), and what the stream ran before the
+                # op is not charged to it
+                self.events[1].record()
+                self.events[1].synchronize()
+                end = dev.clock.now()
+                start = end - self.events[0].elapsed_time(self.events[1]) / 1e3
+            dev.tracer.record(Kind.COMPUTE, self.label, start, end,
                               stage=self.stage, microbatch=self.microbatch, memory=dev.memory.total)
         dev.activity.set(self.before)
         return False
