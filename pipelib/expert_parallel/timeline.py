@@ -80,6 +80,17 @@ def timed_step(recipe, spec, dp: int, ep: int, *, profile=None) -> float | None:
     """One forward and backward of step 0's batch (`moe_loss`: cross-entropy and the Switch
     terms) on the dp x ep mesh, compute and all-to-alls of both on the trace (module docstring);
     returns this rank's time, None on ranks beyond dp. No gradient is reduced, no step taken."""
+    return _timed(recipe, spec, dp, ep, profile, backward=True)
+
+
+def timed_forward(recipe, spec, dp: int, ep: int, *, profile=None) -> float | None:
+    """One forward of step 0's batch on the dp x ep mesh, compute and all-to-alls on the trace
+    (module docstring), under `profile` when given; returns this rank's forward time, None on
+    ranks beyond dp."""
+    return _timed(recipe, spec, dp, ep, profile, backward=False)
+
+
+def _timed(recipe, spec, dp: int, ep: int, profile, *, backward: bool) -> float | None:
     from pipelib.expert_parallel.gpt import moe_loss
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
@@ -91,36 +102,15 @@ def timed_step(recipe, spec, dp: int, ep: int, *, profile=None) -> float | None:
     dev = current()
     model = apply_expert_parallel(moe_gpt(recipe, spec), mesh["ep"])
     x, y = recipe.batch(0, mesh.local_rank("dp"), dp)
-    handles = time_modules(model, dev, backward=True)
+    handles = time_modules(model, dev, backward=backward)
     try:
-        with dev.overrides(profile=profile) if profile is not None else contextlib.nullcontext():
+        with dev.overrides(profile=profile) if profile is not None else contextlib.nullcontext(), \
+                torch.enable_grad() if backward else torch.no_grad():
             start = dev.clock.now()
-            moe_loss(model, x, y).backward()
-            return dev.clock.now() - start
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def timed_forward(recipe, spec, dp: int, ep: int, *, profile=None) -> float | None:
-    """One forward of step 0's batch on the dp x ep mesh, compute and all-to-alls on the trace
-    (module docstring), under `profile` when given; returns this rank's forward time, None on
-    ranks beyond dp."""
-    from pipelib.runtime.device import current
-    from pipelib.runtime.mesh import Mesh
-    from pipelib.topology import Topology
-
-    mesh = Mesh(Topology(dp=dp, ep=ep))
-    if not mesh.contains:
-        return None
-    dev = current()
-    model = apply_expert_parallel(moe_gpt(recipe, spec), mesh["ep"])
-    x, y = recipe.batch(0, mesh.local_rank("dp"), dp)
-    handles = time_modules(model, dev)
-    try:
-        with dev.overrides(profile=profile) if profile is not None else contextlib.nullcontext(), torch.no_grad():
-            start = dev.clock.now()
-            model(x, y)
+            if backward:
+                moe_loss(model, x, y).backward()
+            else:
+                model(x, y)
             return dev.clock.now() - start
     finally:
         for h in handles:
