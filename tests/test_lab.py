@@ -317,7 +317,8 @@ def test_chapter_runs_all_cells_in_jupyterlab(chromium, lab, chapter):
         assert not state["errors"], f"{chapter.name}: error outputs:\n" + "\n".join(state["errors"])
         page.wait_for_timeout(1500)  # outputs render after the kernel goes idle
         figures = page.evaluate(FIGURES_JS)
-        assert any(f["timeline"] for f in figures) or chapter.name[:2] < "10", (
+        # chapters 10-17 draw a timeline; 01-09 and 18-19 (checkpoints, launchers) have none to draw
+        assert any(f["timeline"] for f in figures) or not "10" <= chapter.name[:2] <= "17", (
             f"{chapter.name}: no timeline figure drawn (of {len(figures)} figures)")
         bad = _timeline_problems(figures)
         assert not bad, f"{chapter.name}: timelines drawn wrong in JupyterLab:\n" + "\n".join(bad)
