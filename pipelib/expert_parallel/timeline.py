@@ -80,17 +80,17 @@ def timed_step(recipe, spec, dp: int, ep: int, *, profile=None) -> float | None:
     """One forward and backward of step 0's batch (`moe_loss`: cross-entropy and the Switch
     terms) on the dp x ep mesh, compute and all-to-alls of both on the trace (module docstring);
     returns this rank's time, None on ranks beyond dp. No gradient is reduced, no step taken."""
-    return _timed(recipe, spec, dp, ep, profile, backward=True)
+    return _timed_moe_pass(recipe, spec, dp, ep, profile, backward=True)
 
 
 def timed_forward(recipe, spec, dp: int, ep: int, *, profile=None) -> float | None:
     """One forward of step 0's batch on the dp x ep mesh, compute and all-to-alls on the trace
     (module docstring), under `profile` when given; returns this rank's forward time, None on
     ranks beyond dp."""
-    return _timed(recipe, spec, dp, ep, profile, backward=False)
+    return _timed_moe_pass(recipe, spec, dp, ep, profile, backward=False)
 
 
-def _timed(recipe, spec, dp: int, ep: int, profile, *, backward: bool) -> float | None:
+def _timed_moe_pass(recipe, spec, dp: int, ep: int, profile, *, backward: bool) -> float | None:
     from pipelib.expert_parallel.gpt import moe_loss
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
