@@ -17,6 +17,8 @@
 - `spawn`: `run_spawned`, ranks without a launcher or a cluster (fresh gloo processes; the
   DeepSpeed twins and the Hugging Face checks);
 - `device`: `DeviceSpec` and `Device`, one per rank (`current()`): sim, cpu or cuda;
+- `place`: `to_rank_device`, what a runner makes put on the rank's device; `to_cpu`, results
+  back to the notebook;
 - `clocks`: the virtual clock (modelled, deterministic) and the wall clock;
 - `memtrack`: `MemoryTracker`, bytes by category and saved activations, against a capacity;
 - `beacon`: `Activity`, what a rank is doing, readable while it is stuck;

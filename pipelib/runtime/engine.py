@@ -23,6 +23,7 @@ import time
 
 from pipelib.runtime.device import Device, current, set_current
 from pipelib.runtime.launchers import launcher_rank
+from pipelib.runtime.place import to_cpu
 from pipelib.runtime.watchdog import kernel_alive
 
 
@@ -97,12 +98,19 @@ def _warm_flop_counter():
 
 
 def _run_on_rank(fn, args, kwargs):
-    """`Cluster.run`'s wrapper: the beacon says which function runs while it runs.
-
-    Its last line is where `pipelib.runtime.errors` cuts a remote traceback: keep it one call."""
+    """`Cluster.run`'s wrapper: the beacon says which function runs while it runs, and a rank
+    on a GPU returns its result on the CPU (`to_cpu`: the notebook compares with CPU references
+    and opens no CUDA context to unpickle it)."""
     name = getattr(fn, "__qualname__", repr(fn))
-    with current().activity.doing(f"running {name}"):
-        return fn(*args, **kwargs)
+    dev = current()
+    with dev.activity.doing(f"running {name}"):
+        result = _call(fn, args, kwargs)
+    return result if dev.torch_device.type == "cpu" else to_cpu(result)
+
+
+def _call(fn, args, kwargs):
+    """Its line is where `pipelib.runtime.errors` cuts a remote traceback: keep it one call."""
+    return fn(*args, **kwargs)
 
 
 def _take_events():

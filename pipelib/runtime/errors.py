@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-# The line of `pipelib.runtime.engine._run_on_rank` that calls the user's function: a remote
+# The line of `pipelib.runtime.engine._call` (under `_run_on_rank`) that calls the user's function: a remote
 # traceback is cut after it, dropping ipyparallel's and pipelib's own frames.
 _CALL = "return fn(*args, **kwargs)\n"
 
