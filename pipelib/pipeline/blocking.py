@@ -34,6 +34,7 @@ from pipelib.pipeline.schedules import Op, Schedule, validate
 from pipelib.pipeline.stage import Stage, partition, split_into_stages
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
+from pipelib.runtime.place import to_rank_device
 
 __all__ = ["check_blocking", "execute_blocking", "stage_input_shapes", "train_step_blocking"]
 
@@ -92,7 +93,7 @@ def execute_blocking(schedule: Schedule, stage: Stage, batch, targets, loss_fn: 
         j = a.microbatch
         if a.op is Op.F:
             x = xs[j] if stage.is_first else comms.recv(
-                torch.empty(shapes[rank]), rank - 1, group, tag=ACT, label=f"act for {a}",
+                torch.empty(shapes[rank], device=dev.torch_device), rank - 1, group, tag=ACT, label=f"act for {a}",
                 stage=rank - 1, microbatch=j)
             with dev.compute("F", stage=rank, microbatch=j, duration=_duration(costs, a)):
                 out = stage.forward(j, x, ys[j] if stage.is_last else None, loss_fn, 1.0 / m)
@@ -103,8 +104,8 @@ def execute_blocking(schedule: Schedule, stage: Stage, batch, targets, loss_fn: 
                            stage=rank, microbatch=j)
         elif a.op is Op.B:
             grad = None if stage.is_last else comms.recv(
-                torch.empty(shapes[rank + 1]), rank + 1, group, tag=GRAD, label=f"grad for {a}",
-                stage=rank + 1, microbatch=j)
+                torch.empty(shapes[rank + 1], device=dev.torch_device), rank + 1, group, tag=GRAD,
+                label=f"grad for {a}", stage=rank + 1, microbatch=j)
             with dev.compute("B", stage=rank, microbatch=j, duration=_duration(costs, a)):
                 gin = stage.backward(j, grad)
             if not stage.is_first:  # blocks until rank - 1 posts its receive of this gradient
@@ -137,7 +138,8 @@ def train_step_blocking(schedule: Schedule, model_config, batch_seed: int = 0, *
     modules = split_into_stages(model.layers, s.num_stages)
     x, y = global_batch(model_config, batch_size, 0, batch_seed)
     shapes = stage_input_shapes(modules, x.chunk(s.num_microbatches)[0])
-    stage = Stage(modules[rank], rank, s.num_stages)
+    stage = Stage(to_rank_device(modules[rank]), rank, s.num_stages)  # shapes probed on the CPU, then moved
+    x, y = to_rank_device((x, y))
     loss = execute_blocking(s, stage, x, y, F.cross_entropy, shapes, group, costs=costs)
     first = bounds[rank].start
     grads = {}

@@ -43,6 +43,7 @@ from pipelib.pipeline.stage import Stage, layer_cost, partition
 from pipelib.pipeline.step import Runner, StepOptions, check_step, measured_run, resolve_schedule
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
+from pipelib.runtime.place import to_rank_device
 
 __all__ = ["PIPELINE_GPT", "gpt_stages", "gpt_unit_costs", "gpt_stage_costs", "tied_ranks",
            "embedding_group", "sum_tied_grads", "check_gpt_step", "gpt_train_step",
@@ -66,7 +67,8 @@ def gpt_unit_costs(model: GPT, by: str = "flops", seq_len: int | None = None) ->
         return [float(sum(q.numel() for q in u.parameters())) for u in units]
     from torch.utils.flop_counter import FlopCounterMode
 
-    idx = torch.zeros(1, seq_len or model.config.block_size, dtype=torch.long)  # (1, T)
+    idx = torch.zeros(1, seq_len or model.config.block_size, dtype=torch.long,
+                      device=model.embed.wte.weight.device)  # (1, T)
     out, x = [], idx
     with torch.no_grad():
         for u in units:
@@ -227,10 +229,10 @@ def prepare_gpt_step(s: Schedule, cfg: GPTConfig, rank: int, batch_seed: int = 0
     """`step.prepare_step` for the GPT: the seeded model cut by `gpt_stages`, `rank`'s stages
     (through `prepare`), the token batch; its step is `execute`, then the tied-gradient sum."""
     opts = opts or StepOptions()
-    model = GPT(cfg, seed=opts.model_seed).to(opts.dtype)
+    model = to_rank_device(GPT(cfg, seed=opts.model_seed).to(opts.dtype))  # seeded on the CPU, then moved
     mods = gpt_stages(model, s.num_stages, opts.balance)
     mine = [Stage(prepare(mods[k]) if prepare else mods[k], k, s.num_stages) for k in s.stages_of(rank)]
-    idx, targets = global_batch(cfg, opts.rows(s), 0, batch_seed, seq_len=seq_len)  # (B, T), (B, T)
+    idx, targets = to_rank_device(global_batch(cfg, opts.rows(s), 0, batch_seed, seq_len=seq_len))  # (B, T)
     held, info = {id(q) for st in mine for q in st.module.parameters()}, {}
 
     def step():

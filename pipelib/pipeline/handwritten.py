@@ -34,6 +34,7 @@ from pipelib.pipeline.stage import Stage, partition, stage_modules
 from pipelib.pipeline.step import StepOptions, resolve_schedule
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
+from pipelib.runtime.place import to_rank_device
 from pipelib.trace import Trace
 
 _ACT, _GRAD = 0, 1  # message tags: activations flow up the ranks, gradients down
@@ -64,7 +65,8 @@ class ShardedMLP:
                              f"hold one of the {num_stages} stages")
         self.bounds, modules = stage_modules(config, num_stages, model_seed=seed, balance=balance)
         self.layers = self.bounds[self.rank]                    # e.g. range(2, 4)
-        self.module = modules[self.rank]
+        self.module = to_rank_device(modules[self.rank])  # seeded on the CPU, then moved
+        self.device = next(self.module.parameters()).device  # where its receive buffers go
         self.stage = Stage(self.module, self.rank, num_stages)
         self.in_width = config.dims[self.layers.start]           # width of what stage r receives
         self.out_width = config.dims[self.layers.stop]           # width of what it sends on
@@ -93,7 +95,7 @@ class ShardedMLP:
         st, j = self.stage, microbatch
         self._rows[j] = rows
         if not st.is_first:  # blocks until rank r-1 has sent this microbatch's activation
-            x = comms.recv(torch.empty(rows, self.in_width), self.rank - 1, self.group, tag=_ACT,
+            x = comms.recv(torch.empty(rows, self.in_width, device=self.device), self.rank - 1, self.group, tag=_ACT,
                            label=f"act for {st.index}F{j}", stage=st.index - 1, microbatch=j)
         with current().compute("F", stage=st.index, microbatch=j, duration=self._duration(Op.F)):
             out = st.forward(j, x, target, F.cross_entropy, scale)  # (rows, out_width) or the loss
@@ -108,7 +110,7 @@ class ShardedMLP:
         st, j = self.stage, microbatch
         grad = None
         if not st.is_last:  # blocks until rank r+1 has sent the gradient of our output
-            grad = comms.recv(torch.empty(self._rows[j], self.out_width), self.rank + 1,
+            grad = comms.recv(torch.empty(self._rows[j], self.out_width, device=self.device), self.rank + 1,
                               self.group, tag=_GRAD, label=f"grad for {st.index}B{j}",
                               stage=st.index + 1, microbatch=j)
         with current().compute("B", stage=st.index, microbatch=j, duration=self._duration(Op.B)):
@@ -216,10 +218,10 @@ def _minibatches(x, y, steps: int, batch_size: int | None, seed: int):
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         if batch_size is None:
-            yield x, y
+            yield to_rank_device((x, y))
         else:
             ix = torch.randint(len(x), (batch_size,), generator=g)  # (B,) the same on every rank
-            yield x[ix], y[ix]  # (B, in_features), (B,)
+            yield to_rank_device((x[ix], y[ix]))  # (B, in_features), (B,)
 
 
 def _forward_backward(shard: ShardedMLP, schedule: str, m: int, hand_written: bool, group, opts):

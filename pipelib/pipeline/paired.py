@@ -33,6 +33,7 @@ from pipelib.pipeline.schedules import Action, Op, one_f_one_b
 from pipelib.pipeline.stage import Stage, partition, split_into_stages
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
+from pipelib.runtime.place import to_rank_device
 
 __all__ = ["PAIRED_MODES", "Msg", "paired_program", "pipe_exchange", "execute_paired",
            "predict_paired", "train_step_paired"]
@@ -124,7 +125,7 @@ def execute_paired(p: int, m: int, stage: Stage, batch, targets, loss_fn: Callab
         if x.op == "send":
             return held.pop((x.kind, "out", x.microbatch))
         shape = shapes[rank] if x.kind == "act" else shapes[rank + 1]
-        return held.setdefault((x.kind, "in", x.microbatch), torch.empty(shape))
+        return held.setdefault((x.kind, "in", x.microbatch), torch.empty(shape, device=dev.torch_device))
 
     for item in paired_program(p, m, rank, mode):
         if not isinstance(item, Action):
@@ -198,7 +199,8 @@ def train_step_paired(p: int, m: int, model_config, batch_seed: int = 0, *,
     modules = split_into_stages(model.layers, p)
     x, y = global_batch(model_config, batch_size, 0, batch_seed)
     shapes = stage_input_shapes(modules, x.chunk(m)[0])
-    stage = Stage(modules[rank], rank, p)
+    stage = Stage(to_rank_device(modules[rank]), rank, p)  # shapes probed on the CPU, then moved
+    x, y = to_rank_device((x, y))
     loss = execute_paired(p, m, stage, x, y, F.cross_entropy, shapes, group, costs=costs,
                           mode=mode)
     grads = {}

@@ -33,6 +33,7 @@ from pipelib.pipeline.schedules import Schedule, as_schedule, schedule_info, val
 from pipelib.pipeline.stage import Stage, partition, stage_grads, stage_modules
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
+from pipelib.runtime.place import to_rank_device
 
 __all__ = ["resolve_schedule", "check_step", "StepOptions", "train_step", "run_train_step",
            "timed_steps", "Runner", "prepare_step", "measured_run"]
@@ -166,9 +167,9 @@ def prepare_step(s: Schedule, model_config, rank: int, batch_seed: int = 0,
     opts = opts or StepOptions()
     bounds, modules = stage_modules(model_config, s.num_stages, model_seed=opts.model_seed,
                                     balance=opts.balance, dtype=opts.dtype)
-    mine = [Stage(modules[k], k, s.num_stages) for k in s.stages_of(rank)]
-    x, y = global_batch(model_config, opts.rows(s), 0, batch_seed)
-    x, shapes, info = x.to(opts.dtype), {}, {}
+    mine = [Stage(to_rank_device(modules[k]), k, s.num_stages) for k in s.stages_of(rank)]
+    x, y = global_batch(model_config, opts.rows(s), 0, batch_seed)  # on the CPU: one batch per seed
+    (x, y), shapes, info = to_rank_device((x.to(opts.dtype), y)), {}, {}
 
     def step():
         return execute(s, mine, x, y, F.cross_entropy, group, stats=info, shapes=shapes,

@@ -135,18 +135,18 @@ def prepare_torch_step(name: str, s: Schedule, model_config, rank: int, batch_se
                        opts: StepOptions | None = None, group=None) -> Runner:
     """`pipeline.prepare_step`'s twin: the same stages of the same MLP, run by torch's schedule."""
     from pipelib.runtime.device import current
+    from pipelib.runtime.place import to_rank_device
 
     opts = opts or StepOptions()
     device = current().torch_device
     bounds, modules = stage_modules(model_config, s.num_stages, model_seed=opts.model_seed,
                                     balance=opts.balance, dtype=opts.dtype)
     mine = s.stages_of(rank)
-    for k in mine:
-        modules[k].to(device)
+    to_rank_device([modules[k] for k in mine], device)
     stages, sched = _torch_pipeline(name, s, modules, rank, group, device)
     x, y = global_batch(model_config, opts.rows(s), 0, batch_seed)
-    args = (x.to(opts.dtype).to(device),) if 0 in mine else ()
-    target = y.to(device) if s.num_stages - 1 in mine else None
+    args = (to_rank_device(x.to(opts.dtype), device),) if 0 in mine else ()
+    target = to_rank_device(y, device) if s.num_stages - 1 in mine else None
 
     def step():
         losses: list = []
