@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from pipelib.recipe import as_dtype
 from pipelib.results import StepResult
+from pipelib.runtime.place import to_rank_device
 
 IMPLS = ("pipelib", "pipelib-torch", "dtensor")
 
@@ -93,7 +94,7 @@ def _tp_build(config, t, impl, sequence_parallel, dtype, seed):
     group = tp_group(t)
     if group is None:
         return None, None
-    model = GPT(config, seed).to(as_dtype(dtype))
+    model = to_rank_device(GPT(config, seed).to(as_dtype(dtype)))  # seeded on the CPU, then moved
     if impl == "dtensor":
         return _dtensor_tp_blocks(model, group, sequence_parallel), group
     plan = gpt_tp_plan(vocab=False, sequence_parallel=sequence_parallel)
@@ -126,7 +127,7 @@ def _tp_step(config, b, s, t, impl, sequence_parallel, dtype, seed, data_seed):
     model, group = _tp_build(config, t, impl, sequence_parallel, dtype, seed)
     if model is None:
         return None
-    x, w = _tp_inputs(config, b, s, dtype, data_seed)
+    x, w = to_rank_device(_tp_inputs(config, b, s, dtype, data_seed))
     x, y = _run_tp_blocks(model, x, w, group, sequence_parallel)
     if impl == "dtensor":
         grads = {}
@@ -198,8 +199,8 @@ def dtensor_tp_gpt_step(config, b: int, s: int, t: int, *, sequence_parallel: bo
     group = tp_group(t)
     if group is None:
         return None
-    model = _dtensor_tp_gpt(GPT(config, seed).to(as_dtype(dtype)), group, sequence_parallel)
-    idx, targets = tp_recipe(config, b, s, data_seed=data_seed).global_batch(0)
+    model = _dtensor_tp_gpt(to_rank_device(GPT(config, seed).to(as_dtype(dtype))), group, sequence_parallel)
+    idx, targets = to_rank_device(tp_recipe(config, b, s, data_seed=data_seed).global_batch(0))
     logits, _ = model(idx)
     with loss_parallel():
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
@@ -229,7 +230,7 @@ def _tp_gpt_step_fn(config, t, impl, sequence_parallel, seed):
         group = tp_group(t)
         if group is None:
             return None, None, None
-        model = _dtensor_tp_gpt(GPT(config, seed), group, sequence_parallel)
+        model = _dtensor_tp_gpt(to_rank_device(GPT(config, seed)), group, sequence_parallel)
 
         def one_step(x, y):
             logits, _ = model(x)
@@ -254,14 +255,14 @@ def _tp_timed_setup(config, b, s, t, impl, sequence_parallel, seed, whole):
         raise ValueError(f"impl={impl!r}; use one of {IMPLS}")
     if whole:
         model, group, one_step = _tp_gpt_step_fn(config, t, impl, sequence_parallel, seed)
-        return model, group, one_step, tp_recipe(config, b, s).global_batch(0)
+        return model, group, one_step, to_rank_device(tp_recipe(config, b, s).global_batch(0))
     model, group = _tp_build(config, t, impl, sequence_parallel, "float32", seed)
 
     def one_step(x, w):
         _run_tp_blocks(model, x, w, group, sequence_parallel)
         if impl != "dtensor":
             sync_sequence_grads(model)
-    return model, group, one_step, _tp_inputs(config, b, s, "float32", 2)
+    return model, group, one_step, to_rank_device(_tp_inputs(config, b, s, "float32", 2))
 
 
 def timed_tp_steps(config, b: int, s: int, t: int, impls=IMPLS, *, steps: int = 5, warmup: int = 1,

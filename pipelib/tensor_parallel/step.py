@@ -18,6 +18,7 @@ import torch.distributed as dist
 from pipelib.checks import checked_by
 from pipelib.recipe import as_dtype
 from pipelib.results import StepResult
+from pipelib.runtime.place import to_rank_device
 
 
 def tp_group(t: int):
@@ -90,7 +91,7 @@ def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, 
     group = tp_group(t)
     if group is None:
         return None, None
-    model = GPT(config, seed).to(as_dtype(dtype))
+    model = to_rank_device(GPT(config, seed).to(as_dtype(dtype)))  # seeded on the CPU, then split
     plan = plan if plan is not None else gpt_tp_plan(vocab=vocab, sequence_parallel=sequence_parallel)
     return apply_tensor_parallel(model, group, plan, backend=backend, overlap=overlap), group
 
@@ -128,7 +129,7 @@ def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_paralle
         return None
     if model.tp_sequence_parallel:
         check_sequence_divisible(s, t)
-    idx, targets = tp_recipe(config, b, s, data_seed=data_seed).global_batch(0)
+    idx, targets = to_rank_device(tp_recipe(config, b, s, data_seed=data_seed).global_batch(0))
     clock = current().clock
     start = clock.now()
     with model.tp_comm.lanes.timed() if timed else contextlib.nullcontext():
