@@ -65,8 +65,7 @@ class ShardedMLP:
                              f"hold one of the {num_stages} stages")
         self.bounds, modules = stage_modules(config, num_stages, model_seed=seed, balance=balance)
         self.layers = self.bounds[self.rank]                    # e.g. range(2, 4)
-        self.module = to_rank_device(modules[self.rank])  # seeded on the CPU, then moved
-        self.device = next(self.module.parameters()).device  # where its receive buffers go
+        self.module, self.device = to_rank_device(modules[self.rank]), current().torch_device  # seeded on the CPU
         self.stage = Stage(self.module, self.rank, num_stages)
         self.in_width = config.dims[self.layers.start]           # width of what stage r receives
         self.out_width = config.dims[self.layers.stop]           # width of what it sends on
