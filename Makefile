@@ -2,6 +2,7 @@
 # make book   fetch the offline JavaScript, run every notebook, build _build/html with -W
 # make lab    JupyterLab, to read and run the chapters live
 # make soak   the chapters that time real processes, 3 times on 2 busy cores (see below)
+# make chapters DEVICE=cpu   every chapter under nbval on real CPU engines (DEVICE=sim, cpu or cuda)
 #
 # Which torch build (for venv, book, lab, test; a new venv only: rm -rf .venv to switch):
 #   TORCH=      (default) the pin as pip finds it: from PyPI on Linux that is the CUDA build,
@@ -84,6 +85,18 @@ test: venv browser slurm
 		--nbval-lax --nbval-cell-timeout=600 --nbval-sanitize-with=tests/nbval_sanitize.cfg \
 		--durations=15 --durations-file=$(TEST_RESULTS)/durations.txt \
 		--junitxml=$(TEST_RESULTS)/junit.xml $(PYTEST_FLAGS)
+
+# make chapters DEVICE=cpu   every chapter under nbval as CI runs it, its clusters on DEVICE: each
+#             chapter's parameters cell reads PIPELIB_BOOK_DEVICE (pipelib.book_device), so the
+#             notebooks run unedited; asserts that hold on the simulated device only print that they
+#             are skipped. --noconftest: the book keeps its copies of the simulated run. CI runs
+#             chapters 07, 09, 12, 14 and 17 so (tests/test_chapters_on_cpu.py).
+DEVICE ?=
+CHAPTERS ?= $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+.PHONY: chapters
+chapters: venv
+	PIPELIB_BOOK_DEVICE=$(DEVICE) $(BIN)/python -m pytest $(CHAPTERS) -p no:cacheprovider --noconftest -q \
+		--nbval-lax --nbval-cell-timeout=600 --nbval-sanitize-with=tests/nbval_sanitize.cfg $(PYTEST_FLAGS)
 
 # make soak   chapters 01, 04, 05 and 06 (the ones that time real processes) under nbval SOAK_RUNS
 #             times in a row while two busy loops keep both cores of a 2-core laptop busy: every
