@@ -1,4 +1,4 @@
-"""Command line: `python -m pipelib check`, `python -m pipelib train` and `python -m pipelib doctor`.
+"""Command line: `python -m pipelib check`, `train`, `doctor` and `gpu-check`.
 
 `check` is the bridge to many machines: under torchrun (one process per GPU, any number of
 nodes) it initialises torch.distributed from the environment torchrun sets, then runs the same
@@ -14,6 +14,12 @@ pipelib code the notebooks run on engines: a traced ping between neighbours and 
     torchrun --standalone --nproc-per-node 2 -m pipelib train --dp 2 --steps 5 --out run.json
 
 `doctor` prints what this machine offers and starts a 2-engine cluster to prove it works.
+
+`gpu-check` starts the book's cluster on every GPU (NCCL) and runs every collective and strategy
+against one process and torch's twins, as one table (`pipelib.gpucheck`); CI runs it on CPUs:
+
+    python -m pipelib gpu-check                                    # every GPU of this machine
+    python -m pipelib gpu-check --device cpu --world 2 --json gpu-check.json
 """
 from __future__ import annotations
 
@@ -22,34 +28,74 @@ import os
 import sys
 
 
+def gpu_of(environ, gpus: int) -> int:
+    """This process's GPU under torchrun: LOCAL_RANK (its rank on this node) when set, else RANK
+    modulo the node's GPUs; a ValueError when the node has fewer GPUs than that."""
+    local = environ.get("LOCAL_RANK")
+    index = int(local) if local is not None else int(environ["RANK"]) % gpus
+    if index >= gpus:
+        raise ValueError(f"pipelib check: LOCAL_RANK={index} but this node has {gpus} GPU(s): NCCL needs one "
+                         f"GPU per rank; use --nproc-per-node {gpus} or fewer, or --device cpu")
+    return index
+
+
+def ping_neighbours(x, y, rank: int, world: int) -> None:
+    """Send x to rank + 1 and receive y from rank - 1, traced by pipelib's messages, in an order
+    NCCL cannot deadlock on. NCCL matches messages by their order between two ranks, not by tag,
+    and runs a rank pair's messages in the order they were posted: were every rank to post its
+    send before its receive, on 2 ranks (left = right) each send would wait for a receive queued
+    behind the other's send. So even ranks send first and odd ranks receive first. No header
+    (check=False: a CPU tensor NCCL refuses; both buffers have the same size by construction)."""
+    from pipelib.comm import p2p as comms
+
+    right, left = (rank + 1) % world, (rank - 1) % world
+    posts = [lambda: comms.isend(x, right, label="ping", check=False),
+             lambda: comms.irecv(y, left, label="ping", check=False)]
+    comms.wait_all([post() for post in (posts if rank % 2 == 0 else posts[::-1])])
+
+
 def check(device: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from pipelib.comm import p2p as comms
     from pipelib.runtime.device import Device, DeviceSpec, set_current
 
     if "RANK" not in os.environ:
         print("run me under torchrun: torchrun --nproc-per-node 2 -m pipelib check", file=sys.stderr)
         return 2
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cuda" if gpus else "cpu"
+    if device == "cuda" and not gpus:
+        print("pipelib check: --device cuda (NCCL) on a machine without CUDA GPUs; use --device cpu (gloo)",
+              file=sys.stderr)
+        return 2
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        gpu = gpu_of(os.environ, gpus) if device == "cuda" else None
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     dev = set_current(Device(rank, world, DeviceSpec(device)))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    x = torch.full((1 << 20,), float(rank), device=dev.torch_device)
-    if world > 1:
-        right, left = (rank + 1) % world, (rank - 1) % world
-        h = comms.isend(x, right, label="ping")
-        y = comms.recv(torch.empty_like(x), left, label="ping")
-        h.wait()
-        assert y[0].item() == left, (rank, y[0].item())
-    dist.all_reduce(x)
-    assert x[0].item() == sum(range(world))
-    waits = [e for e in dev.tracer.events if e.kind.value == "recv-wait"]
-    print(f"rank {rank}/{world} on {os.uname().nodename} {dev.torch_device}: ping and all_reduce ok "
-          f"({sum(e.duration for e in waits) * 1e3:.2f} ms waiting)", flush=True)
-    dist.destroy_process_group()
+    kw = {}
+    if gpu is not None:  # this node's GPU of the rank, and NCCL told it (it need not guess from the rank)
+        torch.cuda.set_device(gpu)
+        dev.torch_device = kw["device_id"] = torch.device("cuda", gpu)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", **kw)
+    try:
+        x = torch.full((1 << 20,), float(rank), device=dev.torch_device)
+        if world > 1:
+            y = torch.empty_like(x)
+            ping_neighbours(x, y, rank, world)
+            assert y[0].item() == (rank - 1) % world, (rank, y[0].item())
+        dist.all_reduce(x)
+        assert x[0].item() == sum(range(world))
+        waits = [e for e in dev.tracer.events if e.kind.value == "recv-wait"]
+        print(f"rank {rank}/{world} on {os.uname().nodename} {dev.torch_device}: ping and all_reduce ok "
+              f"({sum(e.duration for e in waits) * 1e3:.2f} ms waiting)", flush=True)
+    finally:
+        dist.destroy_process_group()
+        set_current(None)
     return 0
 
 
@@ -126,6 +172,13 @@ def train_command(args) -> int:
                           checkpoint=args.checkpoint, save_every=args.save_every, crash_after=args.crash_after)
 
 
+def gpu_check_command(args) -> int:
+    from pipelib.gpucheck.run import gpu_check
+
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    return gpu_check(args.device, args.world, args.json, only)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="pipelib", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -144,8 +197,15 @@ def main(argv=None) -> int:
     t.add_argument("--save-every", type=int, default=1, help="steps between checkpoints")
     t.add_argument("--crash-after", type=int, help="the first attempt fails after this step (to see a restart)")
     sub.add_parser("doctor", help="what this machine offers; start a small cluster")
+    g = sub.add_parser("gpu-check", help="every collective and strategy on this machine's GPUs (or CPUs), "
+                                         "against one process and torch's twins: one table")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    g.add_argument("--world", type=int, default=None, help="ranks (default: every GPU on cuda, 2 on cpu)")
+    g.add_argument("--json", help="also write the table's rows here, as JSON")
+    g.add_argument("--only", help="comma-separated checks to run (default: all)")
     args = ap.parse_args(argv)
-    return {"check": lambda: check(args.device), "train": lambda: train_command(args), "doctor": doctor}[args.cmd]()
+    return {"check": lambda: check(args.device), "train": lambda: train_command(args), "doctor": doctor,
+            "gpu-check": lambda: gpu_check_command(args)}[args.cmd]()
 
 
 if __name__ == "__main__":
