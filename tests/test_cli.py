@@ -3,6 +3,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -14,6 +17,33 @@ def test_torchrun_check_three_ranks():
     assert out.returncode == 0, out.stderr[-2000:]
     for r in range(3):
         assert f"rank {r}/3" in out.stdout and "ping and all_reduce ok" in out.stdout
+
+
+def test_torchrun_check_two_ranks_whose_left_is_their_right():
+    """On 2 ranks each one's left neighbour is its right: the order that NCCL needs (even ranks
+    send first, odd ones receive first) is the one gloo runs here."""
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    out = subprocess.run([torchrun, "--nproc-per-node", "2", "-m", "pipelib", "check", "--device", "cpu"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "rank 0/2" in out.stdout and "rank 1/2" in out.stdout and out.stdout.count("ping and all_reduce ok") == 2
+
+
+def test_check_takes_the_gpu_of_local_rank():
+    from pipelib.__main__ import gpu_of
+
+    assert gpu_of({"RANK": "9", "LOCAL_RANK": "1"}, 8) == 1       # node 1's second rank: its GPU 1
+    assert gpu_of({"RANK": "9"}, 8) == 1                          # no LOCAL_RANK: RANK modulo the GPUs
+    with pytest.raises(ValueError, match="LOCAL_RANK=2 but this node has 2 GPU"):
+        gpu_of({"RANK": "2", "LOCAL_RANK": "2"}, 2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with GPUs runs --device cuda")
+def test_check_on_cuda_without_gpus_explains():
+    out = subprocess.run([sys.executable, "-m", "pipelib", "check", "--device", "cuda"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT, env={**os.environ, "RANK": "0", "WORLD_SIZE": "1"})
+    assert out.returncode == 2 and "without CUDA GPUs; use --device cpu" in out.stderr, out.stderr[-2000:]
 
 
 def test_check_outside_torchrun_explains():
