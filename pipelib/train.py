@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pipelib.runtime.place import rng_devices
+
 
 def train_gpt(model, data, steps: int, lr: float = 1e-3, batch_size: int = 32,
               block_size: int | None = None, seed: int = 0,
@@ -25,7 +27,7 @@ def train_gpt(model, data, steps: int, lr: float = 1e-3, batch_size: int = 32,
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     losses = []
     model.train()
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=rng_devices()):
         torch.manual_seed(seed)  # dropout masks
         for _ in range(steps):
             x, y = data.get_batch("train", batch_size, T, g)  # (B, T), (B, T)

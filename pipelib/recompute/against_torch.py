@@ -35,6 +35,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from pipelib.model import GPT, Block, CausalSelfAttention
 from pipelib.batches import global_batch
 from pipelib.recompute.registry import policy_info
+from pipelib.runtime.place import rng_devices
 
 _aten = torch.ops.aten
 KEEP_OPS = frozenset({_aten.mm.default, _aten.addmm.default, _aten.native_layer_norm.default,
@@ -109,7 +110,7 @@ def torch_checkpoint_step(cfg, policy: str, k: int | None = None, batch: int = 4
     info = policy_info(policy)
     info.twin(model, blocks, info.segment_length(k, len(blocks)), info.name, sac=sac)
     idx, targets = global_batch(cfg, batch, 0, batch_seed, seq_len=seq)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=rng_devices()):
         torch.manual_seed(dropout_seed)
         _, loss = model(idx, targets)
         loss.backward()

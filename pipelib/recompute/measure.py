@@ -25,6 +25,7 @@ from pipelib.checks import check_int
 from pipelib.model import GPT
 from pipelib.recompute.policies import apply_recompute
 from pipelib.runtime.memtrack import MemoryTracker
+from pipelib.runtime.place import rng_devices
 
 
 class OpClock(TorchDispatchMode):
@@ -84,7 +85,7 @@ def measure_policy(cfg, policy: str = "none", k: int | None = None, batch: int =
     tracker.track_module(model)
     clock = OpClock(tracker)
     model.zero_grad(set_to_none=True)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=rng_devices()):
         torch.manual_seed(dropout_seed)
         with clock:
             with tracker.saved_activations():
