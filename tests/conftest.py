@@ -115,5 +115,16 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_collection_modifyitems(session, config, items):
     """The book's tests go last: the book is built from the chapters nbval just ran
-    (notebooks/conftest.py keeps their outputs), so they must have run first."""
+    (notebooks/conftest.py keeps their outputs), so they must have run first. Under NCCL's
+    matching rules on gloo (PIPELIB_P2P_MATCHING=nccl, `pipelib.runtime.matching`), the tests
+    of gloo's own matching (a receive that reads the header first, MPI's receive-then-send
+    pattern) are skipped, saying why."""
     items.sort(key=lambda item: item.get_closest_marker("book") is not None)
+    from pipelib.runtime.matching import matching_for
+
+    if matching_for("cpu") == "nccl":
+        skip = pytest.mark.skip(reason="shows gloo's tag matching; NCCL's rules refuse or cannot check "
+                                       "this pattern (tests/comm/test_matching.py shows what they do)")
+        for item in items:
+            if item.get_closest_marker("gloo_matching"):
+                item.add_marker(skip)

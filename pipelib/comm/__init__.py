@@ -3,6 +3,8 @@
 - `p2p`: `isend`, `irecv`, `send`, `recv`, `wait_all`, `sendrecv`: point-to-point messages with
   an explicit group, timed, traced and checked (the calls users make);
 - `message`: one message on the wire: its header, the dtype table `DTYPES`, the `Handle`;
+- `ordered`: messages under NCCL's rules (matched by order, exchanges batched, receive-before-send
+  pairs refused), which `p2p` posts through on cuda or when asked (`pipelib.runtime.matching`);
 - `collectives`: broadcast, reduce, all-reduce (naive and ring), reduce-scatter, all-gather,
   all-to-all, written from point-to-point messages;
 - `algorithms`: more of them, to choose from: the halving/doubling and the hierarchical

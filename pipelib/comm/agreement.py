@@ -56,7 +56,7 @@ def _meta(name: str, tensor, op: str, root: int, settings=None) -> torch.Tensor:
     m = [DTYPE_CODE.get(tensor.dtype, -1), tensor.numel(), tensor.dim(), *shape]
     m += [-1] * (HEADER_INTS - 4 - len(m)) + [_name_code(name), OPS.index(op) if op in OPS else -1, root,
                                               _settings_code(settings)]
-    return torch.tensor(m, dtype=torch.int64)
+    return torch.tensor(m, dtype=torch.int64, device="cpu")  # moved to the backend's device to travel
 
 
 def _settings_code(settings) -> int:
@@ -82,18 +82,31 @@ def _exchange_headers(mine: torch.Tensor, group, what: str):
                          f"call it only on the group's ranks")
     glob = [dist.get_global_rank(group, i) if group is not None else i for i in range(n)]
     dev = current()
-    mine = mine.to(dev.torch_device)  # where the backend sends from: the GPU under NCCL
-    rows = torch.empty((n, mine.numel()), dtype=torch.int64, device=mine.device)
-    rows[me] = mine
     others = [g for i, g in enumerate(glob) if i != me]
     with dev.activity.doing(f"agreement check of {what}: waiting for ranks {others} to call it too"):
         if dev.activity.flight.depth == 0:  # a check of its own (`agree`), not a collective's first step
             dev.activity.flight.enter(f"agreement check of {what}", group)  # closed by the `doing`
-        works = [dist.irecv(rows[p], glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
-        works += [dist.isend(mine, glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
-        for w in works:
-            w.wait()
+        rows = gather_rows(mine.to(dev.torch_device), group, glob, dev.matching.by_order)
     return rows, glob
+
+
+def gather_rows(mine: torch.Tensor, group, glob, by_order: bool) -> torch.Tensor:
+    """Every rank's `mine` stacked in group-rank order: one message to every other rank, all at
+    once on the check's own tag (one latency, whatever n), or under NCCL's rules, which have no
+    tags and would hang on receives posted before sends (`pipelib.runtime.matching`), one
+    all-gather on the backend's device."""
+    n, me = len(glob), dist.get_rank(group)
+    if by_order:
+        flat = torch.empty(n * mine.numel(), dtype=mine.dtype, device=mine.device)
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(flat, mine.reshape(-1), group=group)
+        return flat.view(n, *mine.shape)
+    rows = torch.empty((n, *mine.shape), dtype=mine.dtype, device=mine.device)
+    rows[me] = mine
+    works = [dist.irecv(rows[p], glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
+    works += [dist.isend(mine, glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
+    for w in works:
+        w.wait()
+    return rows
 
 
 def _gather_words(words, group) -> list:
@@ -117,7 +130,7 @@ def agree(what: str, group=None, **values) -> None:
     _raise_disagreement(what, words, glob)
 
 
-_EMPTY = torch.empty(0, dtype=torch.int64)
+_EMPTY = torch.empty(0, dtype=torch.int64, device="cpu")  # a shape, never sent
 
 
 def _raise_disagreement(what: str, words, glob) -> None:

@@ -15,14 +15,13 @@ Every call first checks that all ranks agree on the collective, shape, dtype, op
 (`pipelib.comm.agreement.check_same`: one small message latency), so a mismatch becomes one
 `CollectiveMismatchError` on every rank naming each rank's value, instead of a hang or an
 aborted engine (``check=False`` skips it; chapter 06 measures its cost; what a mismatch then
-does: `pipelib.comm.agreement`). Every call is also
-recorded in the rank's flight recorder (`pipelib.runtime.flight`), so a rank that never calls
-it, or calls it on another group, is an error within seconds naming that rank, not a hang.
-
-The rings run on `pipelib.comm.ring`: on a real device each chunk travels as messages of at most
-SEGMENT_BYTES, DEPTH in flight, so the reduction of one overlaps the transfer of the next; a
-simulated device sends whole chunks, the messages the alpha-beta model counts. The bytes sent
-are the same either way.
+does: `pipelib.comm.agreement`). Every call is also recorded in the rank's flight recorder
+(`pipelib.runtime.flight`): a rank that never calls it, or calls it on another group, is an
+error within seconds naming that rank. Each step's receive and send go as one batch under
+NCCL's rules (`pipelib.runtime.matching`). The rings run on `pipelib.comm.ring`: on a real
+device each chunk travels as messages of at most SEGMENT_BYTES, DEPTH in flight, so the
+reduction of one overlaps the transfer of the next; a simulated device sends whole chunks, the
+messages the alpha-beta model counts. The bytes sent are the same either way.
 
 Every call records one COLLECTIVE event (bytes = what this rank sent; its axis that of the
 group, `Device.axis_of`; its label the collective's name, or ``"<name>: <label>"`` with
@@ -113,19 +112,22 @@ class _Call:
 
     def post(self, phase: str, step: int, chunk: int, send=None, dst=None, recv=None, src=None, glob=False):
         """Post a receive from `src`, then a send to `dst` (group ranks; global if `glob`)."""
-        label = f"{self.name} {phase} step {step} chunk {chunk}"
-        hs = []
-        if recv is not None:
-            src = src if glob else self.glob(src)
-            # unchecked on a simulated device: its messages carry a header anyway (the send time),
-            # so each receive is matched when waited and a size mismatch is an error, not an abort
-            matched = self.dev.modelled and not self.check
-            hs.append(comms.post_recv(recv, src, self.group, COLLECTIVE_TAG, label, _NO_FIELDS, matched))
-        if send is not None:
-            dst = dst if glob else self.glob(dst)
-            hs.append(comms.post_send(send, dst, self.group, COLLECTIVE_TAG, label, _NO_FIELDS, False))
-            self.sent += send.numel() * send.element_size()
-        return hs
+        items = [] if recv is None else [("recv", recv, src if glob else self.glob(src), step, chunk)]
+        return self.post_all(phase, items if send is None else
+                             [*items, ("send", send, dst if glob else self.glob(dst), step, chunk)])
+
+    def post_all(self, phase: str, items) -> list:
+        """Post ``items = [(op, tensor, global peer, step, chunk)]`` (op "recv" or "send") in order,
+        or under NCCL's rules (`pipelib.runtime.matching`) as one batch; their handles."""
+        self.sent += sum(t.numel() * t.element_size() for op, t, *_ in items if op == "send")
+        name, group = self.name, self.group
+        if self.dev.matching.by_order:
+            return comms.post_batch([(op, t, peer, f"{name} {phase} step {step} chunk {chunk}")
+                                     for op, t, peer, step, chunk in items], group, COLLECTIVE_TAG, _NO_FIELDS, False)
+        # unchecked on a simulated device: its headers (the send time) still check sizes when waited
+        matched, post = self.dev.modelled and not self.check, {"recv": comms.post_recv, "send": comms.post_send}
+        return [post[op](t, peer, group, COLLECTIVE_TAG, f"{name} {phase} step {step} chunk {chunk}", _NO_FIELDS,
+                         matched and op == "recv") for op, t, peer, step, chunk in items]
 
     def step(self, *args, **kw) -> None:
         with unchecked_sizes(self.name, self.shape):
@@ -144,8 +146,7 @@ class _Call:
         return result
 
 
-def _row_chunks(t, n):
-    """The n chunks of dim 0, as views: the first len % n one row longer (`alphabeta.chunk_sizes`)."""
+def _row_chunks(t, n):  # the n chunks of dim 0, views, the first len % n one row longer (`chunk_sizes`)
     return list(torch.tensor_split(t, n, dim=0))
 
 
@@ -271,7 +272,7 @@ def all_gather(tensor, group=None, *, check: bool = True, segment_bytes: int | N
     input."""
     c = _Call("all_gather", tensor, group, check=check, segment_bytes=segment_bytes, label=label)
     t = tensor.reshape(1) if tensor.dim() == 0 else tensor
-    out = torch.empty((c.n * t.shape[0], *t.shape[1:]), dtype=t.dtype)
+    out = torch.empty((c.n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
     cs = list(out.chunk(c.n, dim=0)) if t.shape[0] else [out[:0]] * c.n
     cs[c.me].copy_(t)
     if c.n > 1:
@@ -290,7 +291,7 @@ def all_to_all(tensor, group=None, *, check: bool = True, label: str | None = No
     c = _Call("all_to_all", tensor, group, check=check, label=label)
     ins = _row_chunks(tensor.contiguous(), c.n)
     mine = ins[c.me]
-    out = torch.empty((c.n * mine.shape[0], *mine.shape[1:]), dtype=tensor.dtype)
+    out = torch.empty((c.n * mine.shape[0], *mine.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     outs = list(out.chunk(c.n, dim=0)) if mine.shape[0] else [out[:0]] * c.n
     outs[c.me].copy_(mine)
     for s in range(1, c.n):

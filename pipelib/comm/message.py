@@ -67,7 +67,7 @@ class Handle:
 
     __slots__ = ("dev", "op", "tensor", "buf", "peer", "group", "tag", "works", "header",
                  "header_work", "t_post", "label", "fields", "done", "error", "header_read",
-                 "nbytes")
+                 "nbytes", "batch")
 
     def __init__(self, dev: Device, op: str, tensor, buf, peer: int, group, tag: int,
                  works, header, header_work, t_post: float, label: str, fields: dict):
@@ -77,6 +77,7 @@ class Handle:
         self.t_post, self.label, self.fields = t_post, label, fields
         self.done, self.error, self.header_read = False, None, header_work is None
         self.nbytes = tensor.numel() * tensor.element_size()
+        self.batch = None  # NCCL's rules: the batch it was posted in (`pipelib.comm.ordered`)
         dev.outstanding[id(self)] = self
 
     @property
@@ -91,9 +92,9 @@ class Handle:
             self.header_work.wait()
             self.header_read = True
 
-    def _post_payload(self) -> None:
-        """Read the header, then post the payload receive, or drain a mismatched message."""
-        self._read_header()
+    def _mismatch(self) -> bool:
+        """Whether the header names another (numel, dtype) than the receive buffer's; if so,
+        `error` is set to the `MessageMismatchError` naming both."""
         numel, code = int(self.header[1]), int(self.header[2])
         want = (self.tensor.numel(), DTYPE_CODE.get(self.tensor.dtype, -1))
         if (numel, code) != want:
@@ -102,7 +103,15 @@ class Handle:
                 f"{want[0]} elements of {dtype_name(want[1])} {tuple(self.tensor.shape)}, but rank "
                 f"{self.peer} sent {numel} elements of {dtype_name(code)}. Give the receive "
                 f"buffer the sender's shape and dtype (the message was discarded).")
-            self.buf = torch.empty(numel, dtype=DTYPES[code] if 0 <= code < len(DTYPES) else torch.uint8)
+        return self.error is not None
+
+    def _post_payload(self) -> None:
+        """Read the header, then post the payload receive, or drain a mismatched message."""
+        self._read_header()
+        if self._mismatch():
+            numel, code = int(self.header[1]), int(self.header[2])
+            self.buf = torch.empty(numel, dtype=DTYPES[code] if 0 <= code < len(DTYPES) else torch.uint8,
+                                   device=self.buf.device)  # drained
         self.works = [dist.irecv(self.buf, self.peer, group=self.group, tag=2 * self.tag)]
 
     def _block(self) -> None:
@@ -117,6 +126,8 @@ class Handle:
             self._read_header()
         for w in self.works:
             w.wait()
+        if self.batch is not None and self.header is not None and self.op == "recv":
+            self._mismatch()  # NCCL's rules: header and payload were posted at once (`comm.ordered`)
 
     def wait(self, *, beacon: bool = True):
         """Wait until the message is through; returns the tensor. ``beacon=False`` leaves the

@@ -45,11 +45,12 @@ from pipelib.comm.message import (
     Handle,
     MessageMismatchError,
 )
+from pipelib.comm.ordered import post_ordered
 from pipelib.runtime.device import current
 from pipelib.trace import Kind
 
 __all__ = ["isend", "irecv", "send", "recv", "wait_all", "P2POp", "batch_isend_irecv", "sendrecv",
-           "counters", "reset_counters", "post_send", "post_recv", "Handle", "DTYPES", "DTYPE_CODE",
+           "counters", "reset_counters", "post_send", "post_recv", "post_batch", "Handle", "DTYPES", "DTYPE_CODE",
            "MessageMismatchError"]  # the last four are defined in pipelib.comm.message
 
 
@@ -109,11 +110,14 @@ def post_send(tensor, peer: int, group, tag: int, label: str, fields: dict, chec
     dev = current()
     if dev.axes:
         fields = _with_axis(dev, group, fields)
+    if dev.matching.by_order:  # NCCL's rules: no tag, no header on a real device
+        return post_ordered(dev, (("send", tensor, peer, label, fields),), group, batched=False)[0]
     t_post = dev.clock.now()
     src = tensor.detach().contiguous()
     works, header = [], None
     if dev.modelled or check:
-        header = torch.tensor([t_post, src.numel(), DTYPE_CODE.get(src.dtype, -1)], dtype=HEADER_DTYPE)
+        header = torch.tensor([t_post, src.numel(), DTYPE_CODE.get(src.dtype, -1)], dtype=HEADER_DTYPE,
+                              device="cpu")  # gloo's rules: a CPU backend (NCCL's send none)
         works.append(dist.isend(header, peer, group=group, tag=2 * tag + 1))
     works.append(dist.isend(src, peer, group=group, tag=2 * tag))
     h = Handle(dev, "send", tensor, src, peer, group, tag, works, header, None, t_post, label, fields)
@@ -129,15 +133,31 @@ def post_recv(tensor, peer: int, group, tag: int, label: str, fields: dict, chec
     dev = current()
     if dev.axes:
         fields = _with_axis(dev, group, fields)
+    if dev.matching.by_order:
+        return post_ordered(dev, (("recv", tensor, peer, label, fields),), group, batched=False)[0]
     buf = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
     works, header, header_work = [], None, None
     if dev.modelled or check:
-        header = torch.empty(HEADER_LEN, dtype=HEADER_DTYPE)
+        header = torch.empty(HEADER_LEN, dtype=HEADER_DTYPE, device="cpu")
         header_work = dist.irecv(header, peer, group=group, tag=2 * tag + 1)
     if not check:
         works.append(dist.irecv(buf, peer, group=group, tag=2 * tag))
     return Handle(dev, "recv", tensor, buf, peer, group, tag, works, header, header_work,
                   dev.clock.now(), label, fields)
+
+
+def post_batch(items, group, tag: int, fields: dict, check: bool) -> list[Handle]:
+    """Post `items` (``(op, tensor, global peer, label)``, op "send" or "recv") as one exchange:
+    under gloo's rules each in order (`post_recv` / `post_send`), under NCCL's as one torch
+    batch (`pipelib.comm.ordered`). The collectives post each ring step this way."""
+    dev = current()
+    if dev.axes:
+        fields = _with_axis(dev, group, fields)
+    if dev.matching.by_order:
+        return post_ordered(dev, [(op, t, peer, label, fields) for op, t, peer, label in items], group,
+                            batched=True)
+    return [(post_send if op == "send" else post_recv)(t, peer, group, tag, label, fields, check)
+            for op, t, peer, label in items]
 
 
 def _with_axis(dev, group, fields: dict) -> dict:
@@ -186,11 +206,28 @@ class P2POp:
 
 def batch_isend_irecv(ops, *, check: bool = True) -> list[Handle]:
     """Post every send and receive of `ops` at once (like torch's batch_isend_irecv); returns
-    the handles, in order. Wait for them with `wait_all(handles)`."""
-    handles = []
+    the handles, in order. Wait for them with `wait_all(handles)`. Under NCCL's rules
+    (`pipelib.runtime.matching`) they are one torch batch, one NCCL group call."""
     for p in ops:
         if p.op not in ("send", "recv", "isend", "irecv"):
             raise ValueError(f"rank {dist.get_rank()}: P2POp op must be 'send' or 'recv', got {p.op!r}")
+    dev = current()
+    if dev.matching.by_order:
+        items = []
+        for p in ops:
+            send = p.op in ("send", "isend")
+            peer = _check_peer(p.peer, p.group, "send" if send else "recv")
+            _check_tag(p.tag)
+            fields = {"stage": None, "microbatch": None}
+            items.append(("send" if send else "recv", p.tensor, peer, p.label or p.op.lstrip("i"),
+                          _with_axis(dev, p.group, fields) if dev.axes else fields))
+        groups = {id(p.group) for p in ops}
+        if len(groups) > 1:
+            raise ValueError(f"rank {dist.get_rank()}: batch_isend_irecv with ops on {len(groups)} process "
+                             f"groups; one batch is one group's call: post one batch per group")
+        return post_ordered(dev, items, ops[0].group, batched=True) if items else []
+    handles = []
+    for p in ops:
         fn = isend if p.op in ("send", "isend") else irecv
         handles.append(fn(p.tensor, p.peer, p.group, tag=p.tag, check=check,
                           label=p.label or p.op.lstrip("i")))

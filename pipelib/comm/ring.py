@@ -56,12 +56,13 @@ def segments(chunks, S: int) -> list[list]:
     return [list(torch.tensor_split(x, S)) for x in chunks]
 
 
-def scratch_buffer(dtype, rows: int, cols: int):
-    """A (rows, cols) receive buffer, reused from call to call."""
+def scratch_buffer(dtype, rows: int, cols: int, device=None):
+    """A (rows, cols) receive buffer on `device` (the CPU if None), reused from call to call."""
     scratch = current().scratch  # kept on the device: a fresh big buffer costs page faults
-    buf = scratch.get(dtype)
+    key = (torch.device("cpu") if device is None else torch.device(device), dtype)
+    buf = scratch.get(key)
     if buf is None or buf.numel() < rows * cols:
-        buf = scratch[dtype] = torch.empty(rows * cols, dtype=dtype)
+        buf = scratch[key] = torch.empty(rows * cols, dtype=dtype, device=key[0])
     return buf[: rows * cols].view(rows, cols)
 
 
@@ -76,7 +77,8 @@ def run_ring(c, steps, S: int) -> None:
     loop: post, wait (receive, then send), reduce."""
     depth, total = min(DEPTH, S), len(steps) * S
     reducing = [r[0].numel() for st in steps if st[5] for r in st[5]]
-    scratch = scratch_buffer(steps[0][3][0].dtype, depth, max(reducing)) if reducing else None
+    first = steps[0][3][0]
+    scratch = scratch_buffer(first.dtype, depth, max(reducing), first.device) if reducing else None
     right, left = c.glob(c.peer(1)), c.glob(c.peer(-1))
     live = {}
 

@@ -36,9 +36,10 @@ import torch
 import torch.distributed as dist
 
 from pipelib.comm import p2p as comms
-from pipelib.comm.agreement import CHECK_TAG, CollectiveMismatchError
+from pipelib.comm.agreement import CollectiveMismatchError, gather_rows
 from pipelib.comm.collectives import _Call, all_to_all
 from pipelib.comm.registry import chunk_sizes
+from pipelib.runtime.device import current
 
 
 def check_splits(what: str, splits, total: int, n: int, name: str = "all_to_all_uneven") -> list[int]:
@@ -58,20 +59,17 @@ def uneven_bytes(input_splits, rank: int, row_bytes: int) -> int:
 
 def exchange_splits(input_splits, group=None, *, label: str | None = None, check: bool = True) -> list[int]:
     """Each rank's row counts for this rank, by an even all-to-all of n int64 (counts first)."""
-    counts = torch.tensor(list(input_splits), dtype=torch.int64)
+    counts = torch.tensor(list(input_splits), dtype=torch.int64, device=current().torch_device)
     return all_to_all(counts, group, check=check, label=label).tolist()
 
 
 def agree_on_splits(name: str, input_splits, output_splits, group) -> None:
     """Every rank sends its (in, out) splits to every other; all raise if some i -> j disagree."""
-    n, me = dist.get_world_size(group), dist.get_rank(group)
+    n = dist.get_world_size(group)
     glob = [dist.get_global_rank(group, i) if group is not None else i for i in range(n)]
-    rows = torch.empty((n, 2, n), dtype=torch.int64)
-    rows[me] = mine = torch.tensor([list(input_splits), list(output_splits)], dtype=torch.int64)
-    works = [dist.irecv(rows[p], glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
-    works += [dist.isend(mine, glob[p], group=group, tag=CHECK_TAG) for p in range(n) if p != me]
-    for w in works:
-        w.wait()
+    dev = current()
+    mine = torch.tensor([list(input_splits), list(output_splits)], dtype=torch.int64, device=dev.torch_device)
+    rows = gather_rows(mine, group, glob, dev.matching.by_order).cpu()
     if torch.equal(rows[:, 0], rows[:, 1].T):
         return
     bad = [f"rank {glob[i]} sends {int(rows[i, 0, j])} rows to rank {glob[j]}, which expects {int(rows[j, 1, i])}"
@@ -108,7 +106,7 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
             agree_on_splits(name, input_splits, output_splits, group)
     x = tensor.contiguous()
     ins = list(torch.split(x, input_splits, dim=0))
-    out = torch.empty((sum(output_splits), *x.shape[1:]), dtype=x.dtype)
+    out = torch.empty((sum(output_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
     outs = list(torch.split(out, output_splits, dim=0))
     outs[me].copy_(ins[me])
     if c.dev.modelled:  # the alpha-beta model's pairwise rounds, one after the other
@@ -119,9 +117,7 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
     # a real link: every receive posted first, then every send, all in flight at once (gloo
     # sends are rendezvous: a receive already up lets each send's bytes go at once); a pair
     # that exchanges no rows sends no message, as both sides know from the splits
-    handles = [h for s in range(1, n) if output_splits[src := c.peer(-s)]
-               for h in c.post("all-to-all", s - 1, src, recv=outs[src], src=src)]
-    handles += [h for s in range(1, n) if input_splits[dst := c.peer(s)]
-                for h in c.post("all-to-all", s - 1, dst, send=ins[dst], dst=dst)]
-    comms.wait_all(handles)
+    items = [("recv", outs[src], c.glob(src), s - 1, src) for s in range(1, n) if output_splits[src := c.peer(-s)]]
+    items += [("send", ins[dst], c.glob(dst), s - 1, dst) for s in range(1, n) if input_splits[dst := c.peer(s)]]
+    comms.wait_all(c.post_all("all-to-all", items))
     return c.done(out)

@@ -19,6 +19,8 @@
 - `device`: `DeviceSpec` and `Device`, one per rank (`current()`): sim, cpu or cuda;
 - `place`: `to_rank_device`, what a runner makes put on the rank's device; `to_cpu`, results
   back to the notebook;
+- `matching`: how point-to-point messages are matched, by tag (gloo) or by order (NCCL's rules,
+  also on gloo when asked, so NCCL's hangs are errors on a laptop);
 - `clocks`: the virtual clock (modelled, deterministic) and the wall clock;
 - `memtrack`: `MemoryTracker`, bytes by category and saved activations, against a capacity;
 - `beacon`: `Activity`, what a rank is doing, readable while it is stuck;

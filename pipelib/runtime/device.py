@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pipelib.costmodel import DeviceProfile, get_profile
 from pipelib.runtime.beacon import Activity
 from pipelib.runtime.clocks import CLOCKS, VirtualClock, WallClock
+from pipelib.runtime.matching import MATCHING, matching_for
 from pipelib.runtime.memtrack import MemoryTracker
 from pipelib.trace import Kind, Tracer
 
@@ -41,6 +42,10 @@ class DeviceSpec:
     # device, whose memory is the model (capacity, out-of-memory errors), and off on real ones,
     # where the hooks would slow every op being timed; True turns them on there too
     track_memory: bool | None = None
+    # how point-to-point messages are matched (`pipelib.runtime.matching`): None is NCCL's rules
+    # on cuda and gloo's elsewhere, unless PIPELIB_P2P_MATCHING says "nccl"; resolved here, so
+    # the engines follow what the notebook's process chose
+    matching: str | None = None
 
     def __post_init__(self):
         if self.kind not in DEVICE_KINDS:
@@ -51,6 +56,7 @@ class DeviceSpec:
         if self.track_memory not in (None, True, False):
             raise ValueError(f"track_memory={self.track_memory!r}; use None (on for 'sim' only), "
                              f"True or False")
+        object.__setattr__(self, "matching", matching_for(self.kind, self.matching))
 
     @property
     def tracks_activations(self) -> bool:
@@ -69,11 +75,12 @@ class Device:
         self.clock = VirtualClock() if (self.modelled and spec.clock == "virtual") else WallClock(epoch)
         self.tracer = Tracer(rank, enabled=trace)
         self.spec = spec
+        self.matching = MATCHING[spec.matching]  # by tag (gloo) or by order (NCCL's rules)
         self.memory = self.fresh_memory()
         self.activity = Activity(activity_path)
         self.comm_counts: dict[str, int] = {}  # `counters()`: bytes and messages sent and received
         self.outstanding: dict = {}  # pipelib.comm.message.Handle: posted, not yet waited, by id
-        self.scratch: dict = {}      # pipelib.comm.ring.scratch_buffer: receive buffers kept, by dtype
+        self.scratch: dict = {}      # pipelib.comm.ring.scratch_buffer: receive buffers kept, by (device, dtype)
         self.groups: dict = {}       # process groups made once (pipelib.runtime.mesh), by key
         self.axes: dict = {}         # id(process group) -> its mesh axis, for Event.axis
         self.torch_device = self._torch_device()
