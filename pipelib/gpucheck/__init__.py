@@ -27,5 +27,6 @@ The exit status is non-zero when any row fails.
 - `report`: the table and the JSON;
 - `run`: the cluster, each check in turn, a crash kept to its row; `gpu_check` is the command.
 
-Introduced with the GPU readiness work (issue 26); the book's chapter 19 points readers to it.
+Written for GPU machines (issue 26: CUDA and NCCL for real); no chapter calls it: a reader runs
+it once on a new machine, before the chapters.
 """

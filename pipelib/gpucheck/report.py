@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from pipelib.gpucheck.rows import MEMORY_SOURCES, Row
+from pipelib.gpucheck.rows import Row, memory_source_of
 
 COLUMNS = ("check", "against", "tol", "max |diff|", "status", "pipelib", "twin", "torch's", "peak MiB", "note")
 
@@ -34,7 +34,7 @@ class Report:
     @property
     def memory_source(self) -> tuple[str, str]:
         """(name, what it counts) of the memory column's source on this device."""
-        return MEMORY_SOURCES[0] if self.device == "cuda" else MEMORY_SOURCES[1]
+        return memory_source_of(self.device)
 
     def to_dict(self) -> dict:
         name, means = self.memory_source

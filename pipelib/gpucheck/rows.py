@@ -43,14 +43,15 @@ class Context:
     world: int
     sizes: Sizes
 
-    @property
-    def backend(self) -> str:
-        """The backend of torch.distributed under the cluster: NCCL on GPUs, gloo on CPUs."""
-        return "nccl" if self.device == "cuda" else "gloo"
 
-    @property
-    def memory_source(self) -> str:
-        return MEMORY_SOURCES[0][0] if self.device == "cuda" else MEMORY_SOURCES[1][0]
+def backend_of(device: str) -> str:
+    """The backend of torch.distributed under a cluster of `device`: NCCL on GPUs, gloo on CPUs."""
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def memory_source_of(device: str) -> tuple[str, str]:
+    """(name, what it counts) of where a row's memory comes from on `device`."""
+    return MEMORY_SOURCES[0] if device == "cuda" else MEMORY_SOURCES[1]
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import sys
 import time
 
 from pipelib.gpucheck.report import Report
-from pipelib.gpucheck.rows import Context, Measured, Row, Sizes, error_line, judged
+from pipelib.gpucheck.rows import Context, Measured, Row, Sizes, backend_of, error_line, judged
 
 PROBE_S = 30.0          # seconds a barrier on every rank may take before the cluster is restarted
-RUN_TIMEOUT_S = 180.0   # the cluster's bound on any one run (a hang becomes a row's failure)
+RUN_TIMEOUT_S = 90.0    # the cluster's bound on any one run (a hang becomes a row's failure)
 
 
 def choose(device: str, world: int | None, gpus: int) -> tuple[str, int]:
@@ -154,7 +154,7 @@ def gpu_check(device: str = "auto", world: int | None = None, json_path: str | N
             rows += run_checks(cluster, ctx, infos, _progress)
         except Exception as e:  # the cluster did not start: one failing row says why
             rows = [Row("cluster", "cluster", "one engine per device", 0.0, None, Measured(), 0.0, error_line(e))]
-        report = Report(device, "nccl" if device == "cuda" else "gloo", world, tuple(devices), torch.__version__,
+        report = Report(device, backend_of(device), world, tuple(devices), torch.__version__,
                         tuple(rows), time.perf_counter() - t0)
     finally:
         if cluster is not None:
