@@ -38,16 +38,17 @@ def ddp_orders(steps: int = 2, *, unused: bool = False, width: int = 8, rows: in
 
     from pipelib.data_parallel.ddp import DDP
     from pipelib.runtime.device import current
+    from pipelib.runtime.place import to_rank_device
     from pipelib.trace import Kind
 
     torch.manual_seed(0)
-    net, ref = ScrambledNet(width, unused), ScrambledNet(width, unused)
+    net, ref = to_rank_device((ScrambledNet(width, unused), ScrambledNet(width, unused)))
     ref.load_state_dict(net.state_dict())
     ddp = DDP(net, None, **{"bucket_bytes": 4 * width * (width + 1), **options})  # one layer per bucket
     n, r, tracer, out = dist.get_world_size(), dist.get_rank(), current().tracer, []
     try:
         for step in range(steps):
-            x = torch.randn(rows * n, width, generator=torch.Generator().manual_seed(step))
+            x = to_rank_device(torch.randn(rows * n, width, generator=torch.Generator().manual_seed(step)))
             tracer.clear()
             ddp.backward(ddp(x[rows * r:rows * (r + 1)]).pow(2).mean())
             names, ready, launched = [b.names for b in ddp.buckets], list(ddp.ready_order), list(ddp.launch_order)

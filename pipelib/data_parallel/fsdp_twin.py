@@ -7,7 +7,7 @@ reduce-scatter of its gradients (averaged) after backward. Each layer of `zero_u
 is wrapped, then the root, as torch's documentation recommends. Gradients come back as
 DTensors: `full_tensor()` gathers them for the comparison.
 
-Collectives are gloo's (C++), not pipelib's: the step-time ratio in
+Collectives are the backend's own (C++: gloo's, NCCL's on GPUs), not pipelib's: the step-time ratio in
 `bench/data_parallel_zero.py` compares pipelib's Python rings against them.
 
 The layouts differ (`shard_layouts`): FSDP2 "chunks each parameter on dim-0 ... whereas FSDP1
@@ -34,9 +34,10 @@ def _fsdp2_model(recipe, group):
 
     from pipelib.data_parallel.zero_units import layer_units
     from pipelib.runtime.mesh import device_mesh
+    from pipelib.runtime.place import to_rank_device
 
-    mesh = device_mesh(group, "dp", "cpu")  # the book's models are built on the CPU
-    model = recipe.build()
+    mesh = device_mesh(group, "dp")  # on the rank's device type: the GPU's under NCCL
+    model = to_rank_device(recipe.build())  # seeded on the CPU, then moved before fully_shard
     for _, layer in layer_units(model):
         if layer is not model:
             fully_shard(layer, mesh=mesh)
@@ -50,6 +51,7 @@ def fsdp_train(recipe, *, group=None, timed: bool = False) -> StepResult:
     import torch.distributed as dist
 
     from pipelib.recipe import loss_of
+    from pipelib.runtime.place import to_rank_device
 
     n, r, steps = dist.get_world_size(group), dist.get_rank(group), recipe.steps
     model = _fsdp2_model(recipe, group)
@@ -57,7 +59,7 @@ def fsdp_train(recipe, *, group=None, timed: bool = False) -> StepResult:
     names = [name for name, _ in model.named_parameters()]
     losses, times, grads = [], [], {}
     for s in range(steps):
-        x, y = recipe.batch(s, r, n)
+        x, y = to_rank_device(recipe.batch(s, r, n))
         t0 = time.perf_counter()
         loss = loss_of(model, x, y)
         loss.backward()
@@ -100,10 +102,11 @@ def shard_layouts(recipe, *, group=None) -> dict:
     parameter: {name: {"shape": full shape, "fsdp2": this rank's local DTensor shape (rows of
     dim 0), "zero": (start, stop) of the flattened parameter in this rank's shard of its unit}}."""
     from pipelib.data_parallel.zero import ZeRO
+    from pipelib.runtime.place import to_rank_device
 
     model = _fsdp2_model(recipe, group)
     local = {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}
-    ranges = ZeRO(recipe.build(), group, stage=3).shard_ranges()
+    ranges = ZeRO(to_rank_device(recipe.build()), group, stage=3).shard_ranges()
     full = {n: tuple(p.shape) for n, p in recipe.build().named_parameters()}
     return {n: {"shape": full[n], "fsdp2": local[n], "zero": ranges[n]} for n in full}
 

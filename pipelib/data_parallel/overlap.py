@@ -17,7 +17,8 @@ bucket only before the optimizer step. Here the same two lanes, on every kind of
   `pipelib.comm.alphabeta.predicted_time`, and records no messages.)
 - On a real device (``cpu``, ``cuda``) pipelib's ring runs on one worker thread, bucket after
   bucket in launch order (gloo's waits release Python's lock, so backward goes on meanwhile);
-  gloo's runs on gloo's own threads.
+  gloo's runs on gloo's own threads. ``comm="gloo"`` names torch.distributed's built-in
+  all-reduce: on ``cuda`` engines it is NCCL's, and the trace's labels name the backend.
 
 `BackwardTimer` times backward in *laps*: a gradient hook calls `lap()` when a bucket is full,
 which records the backward compute so far as one COMPUTE event "B" and, on a simulated device,
@@ -85,7 +86,8 @@ class CommStream:
             work.handle = (dist.all_reduce(flat, group=self.group, async_op=True), t0, flat)
         else:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pipelib-comm")
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pipelib-comm",
+                                                                   **_on_device(self.dev.torch_device))
             work.handle = self._pool.submit(self._all_reduce, flat, label, None)
         return work
 
@@ -102,7 +104,7 @@ class CommStream:
             link = self.dev.profile.link
             lane.advance(predicted_time("all_reduce", flat.numel() * flat.element_size(), self.n,
                                         link.alpha, link.beta))
-            self.dev.tracer.record(Kind.COLLECTIVE, f"{label} (gloo)", t0, lane.now())
+            self.dev.tracer.record(Kind.COLLECTIVE, f"{label} ({dist.get_backend(self.group)})", t0, lane.now())
 
     def wait(self, work: CommWork) -> None:
         """Block the compute lane until `work` is done; idle time is a RECV_WAIT event."""
@@ -113,7 +115,7 @@ class CommStream:
         elif self.comm == "gloo":
             w, t0, flat = work.handle
             w.wait()  # gloo reports completion only here: the bar ends when it was waited
-            dev.tracer.record(Kind.COLLECTIVE, "all_reduce (gloo)", t0, dev.clock.now(),
+            dev.tracer.record(Kind.COLLECTIVE, f"all_reduce ({dist.get_backend(self.group)})", t0, dev.clock.now(),
                               bytes=0)
         else:
             work.handle.result()  # re-raises the worker's error here
@@ -181,3 +183,13 @@ def unused_parameters(loss, params) -> list:
             reached.add(id(var))
         todo.extend(f for f, _ in fn.next_functions)
     return [p for p in params if id(p) not in reached]
+
+
+def _on_device(device) -> dict:
+    """The worker thread's initializer: on a GPU it makes the rank's device current there too (a
+    new host thread starts on GPU 0, as torch's pin-memory thread knows), nothing on the CPU."""
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    return {"initializer": torch.cuda.set_device, "initargs": (device,)}

@@ -13,7 +13,7 @@ signature (number of parameters, elements, a checksum of names, shapes and dtype
 rank, so a structural mismatch is an error, not a gloo abort on a wrong-sized buffer; then group
 rank 0 broadcasts all its parameter bytes (one flat uint8 tensor, any dtypes), every rank
 compares bit for bit, and all ranks exchange the index of their first differing parameter, so
-every rank raises the same `ValueError`. These are raw gloo collectives: a check, not training
+every rank raises the same `ValueError`. These are raw torch.distributed collectives: a check, not training
 traffic, so they record no events and leave a simulated clock alone.
 
 Introduced in chapter 07; chapter 08's ZeRO wrappers call it too.
@@ -119,7 +119,7 @@ def check_same_parameters(module: torch.nn.Module, group=None, **settings) -> in
 @torch.no_grad()
 def broadcast_parameters(module: torch.nn.Module, group=None) -> torch.nn.Module:
     """Copy group rank 0's parameters and buffers into every rank's `module` (in place; returns
-    it): what torch's DistributedDataParallel does when it wraps a model. One raw gloo broadcast
+    it): what torch's DistributedDataParallel does when it wraps a model. One raw torch.distributed broadcast
     per tensor, before training; not traced."""
     n, _, glob = _group_facts(group, "broadcast_parameters")
     if n > 1:

@@ -15,7 +15,7 @@ ranks larger than the cluster or outside it, a batch that does not split evenly.
 Each rank returns a `pipelib.results.StepResult`: the last step's averaged gradients (before
 its optimizer step), the parameters after all steps, the global loss of each step (group rank 0
 only), the time of each step on this rank's clock, and stats (bytes this rank sent per step,
-buckets). The reported loss is averaged with a raw gloo all-reduce, off the trace.
+buckets). The reported loss is averaged with a raw torch.distributed all-reduce (gloo, or NCCL on GPUs), off the trace.
 
 Introduced in chapter 07.
 """
@@ -29,6 +29,7 @@ from pipelib.data_parallel.steps import DDP_STEPS, accumulate_context, ddp_step
 from pipelib.recipe import OPTIMIZERS as _ALL_OPTIMIZERS
 from pipelib.recipe import build_model, global_batch, loss_of  # noqa: F401  (chapter 07 imports them here)
 from pipelib.results import StepResult
+from pipelib.runtime.place import to_rank_device
 
 STEPS = tuple(DDP_STEPS)  # chapter 07's steps 1-4, then torch's DDP (pipelib.data_parallel.steps)
 OPTIMIZERS = ("adam", "sgd")
@@ -115,14 +116,14 @@ def _train(step, config, ranks, group, steps, batch, accumulate, bucket_bytes, c
 
     me, dev = dist.get_rank(), current()
     n, r = len(ranks), ranks.index(me)
-    model = build_model(config, seeds[me])
+    model = to_rank_device(build_model(config, seeds[me]))  # seeded on the CPU, then moved
     wrapped = step.wrap(model, group, comm=comm, bucket_bytes=bucket_bytes)
     opt = make_optimizer(model.parameters(), optimizer, lr)
     rows, micro = batch // n, batch // n // accumulate
     losses, times, sent, grads = [], [], [], {}
     for s in range(steps):
         x, y = global_batch(config, batch, s, seed)
-        x, y = x[r * rows:(r + 1) * rows], y[r * rows:(r + 1) * rows]
+        x, y = to_rank_device((x[r * rows:(r + 1) * rows], y[r * rows:(r + 1) * rows]))
         if not dev.modelled:
             dist.barrier(group=group)  # real devices: every rank starts the timed step together
         total = 0.0
@@ -140,8 +141,8 @@ def _train(step, config, ranks, group, steps, batch, accumulate, bucket_bytes, c
             opt.zero_grad(set_to_none=False)
         times.append(m.time)
         sent.append(m.bytes_sent)
-        lt = torch.tensor([total])
-        dist.all_reduce(lt, group=group)  # the reported loss: raw gloo, off the trace
+        lt = torch.tensor([total], device=dev.torch_device)
+        dist.all_reduce(lt, group=group)  # the reported loss: the backend's own, off the trace
         losses.append(lt.item() / n)
     wrapped.close()
     stats = {"bytes_sent": tuple(sent), "num_params": sum(p.numel() for p in model.parameters()),
@@ -159,11 +160,11 @@ def grade_average(fn, config, batch: int):
     from pipelib.runtime.device import current
 
     recipe = Recipe(config, batch_size=batch, steps=1)
-    x, y = recipe.global_batch(0)
-    whole = recipe.build()
+    x, y = to_rank_device(recipe.global_batch(0))
+    whole = to_rank_device(recipe.build())
     loss_of(whole, x, y).backward()  # one process, the whole batch
-    mine = recipe.build()
-    loss_of(mine, *recipe.batch(0, dist.get_rank(), dist.get_world_size())).backward()
+    mine = to_rank_device(recipe.build())
+    loss_of(mine, *to_rank_device(recipe.batch(0, dist.get_rank(), dist.get_world_size()))).backward()
     with current().measure() as span:
         fn(mine, None)
     worst = max((a.grad - b.grad).abs().max().item() for a, b in zip(mine.parameters(), whole.parameters()))

@@ -46,9 +46,10 @@ def versus_steps(sides, config, steps, batch, bucket_bytes, seed):
     from pipelib.recipe import build_model, global_batch, loss_of
     from pipelib.runtime.alternate import alternate_steps
     from pipelib.runtime.device import current
+    from pipelib.runtime.place import to_rank_device
 
     n, r = dist.get_world_size(), dist.get_rank()
-    models = {s: build_model(config, seed) for s in sides}
+    models = {s: to_rank_device(build_model(config, seed)) for s in sides}
     wrapped = {s: DDP_STEPS[SIDES[s][0]].wrap(models[s], None, comm=SIDES[s][1], bucket_bytes=bucket_bytes)
                for s in sides}
     opts = {s: torch.optim.Adam(models[s].parameters(), lr=1e-3) for s in sides}
@@ -58,7 +59,7 @@ def versus_steps(sides, config, steps, batch, bucket_bytes, seed):
         def step():
             x, y = global_batch(config, batch * n, seen[s], seed)
             seen[s] += 1
-            loss = loss_of(wrapped[s], x[r * batch:(r + 1) * batch], y[r * batch:(r + 1) * batch])
+            loss = loss_of(wrapped[s], *to_rank_device((x[r * batch:(r + 1) * batch], y[r * batch:(r + 1) * batch])))
             wrapped[s].backward(loss)
             wrapped[s].finish_gradients()
             opts[s].step()

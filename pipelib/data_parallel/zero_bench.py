@@ -29,15 +29,16 @@ def zero_bench_setup(recipe, group=None) -> int:
     from pipelib.data_parallel.zero_units import layer_units
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
+    from pipelib.runtime.place import to_rank_device
 
     bench = current().groups[_KEY] = {}
     n, r = dist.get_world_size(group), dist.get_rank(group)
-    x, y = recipe.batch(0, r, n)
+    x, y = to_rank_device(recipe.batch(0, r, n))  # drawn on the CPU, then moved
     for stage in (0, 3):
-        m = recipe.build()
+        m = to_rank_device(recipe.build())
         bench[f"zero{stage}"] = (m, ZeRO(m, group, stage=stage, lr=recipe.lr))
-    m = recipe.build()
-    mesh = Mesh.first(n).to_device_mesh("cpu")
+    m = to_rank_device(recipe.build())
+    mesh = Mesh.first(n).to_device_mesh()  # the rank's device type: the GPU's under NCCL
     for _, layer in layer_units(m):
         if layer is not m:
             fully_shard(layer, mesh=mesh)

@@ -44,7 +44,7 @@ def zero_train(recipe, stage: int, *, accumulate: int = 1, group=None, timed: bo
     collective and its parameter all-gather. The run is one
     `Device.measure(fresh_memory=True)` scope (a new model: its memory starts from nothing,
     and the device's tracker is its own again afterwards), each step one `Device.measure()`.
-    `losses`: the whole batch's loss per step (the ranks' means averaged, with an untraced gloo
+    `losses`: the whole batch's loss per step (the ranks' means averaged, with an untraced torch.distributed
     all-reduce). stats: "memory" measured after the last step (persistent state), "tracker"
     (the device's memory tracker then, by category), "peak" (the most it held during the
     run), "bytes_sent" per step (this rank's payload bytes, `Measurement.bytes_sent`), "psi",
@@ -56,6 +56,7 @@ def zero_train(recipe, stage: int, *, accumulate: int = 1, group=None, timed: bo
     from pipelib.data_parallel.zero_formulas import adam_bytes_moved
     from pipelib.recipe import OPTIMIZERS, loss_of
     from pipelib.runtime.device import current
+    from pipelib.runtime.place import to_rank_device
 
     dev = current()
     steps, batch, mixed_precision = recipe.steps, recipe.batch_size, recipe.mixed_precision
@@ -69,11 +70,11 @@ def zero_train(recipe, stage: int, *, accumulate: int = 1, group=None, timed: bo
     losses, times, sent = [], [], []
     grads = {}
     with dev.measure(fresh_memory=True) as run:
-        zero = ZeRO(recipe.build(), group, stage=stage, optimizer=OPTIMIZERS[recipe.optimizer], lr=recipe.lr,
-                    mixed_precision=mixed_precision, **zero_kw)
+        zero = ZeRO(to_rank_device(recipe.build()), group, stage=stage, optimizer=OPTIMIZERS[recipe.optimizer],
+                    lr=recipe.lr, mixed_precision=mixed_precision, **zero_kw)
         opt_bytes = adam_bytes_moved(zero.updated_numel, mixed_precision)
         for step in range(steps):
-            x, y = recipe.batch(step, data_r, data_n)
+            x, y = to_rank_device(recipe.batch(step, data_r, data_n))  # drawn on the CPU, then moved
             micro = x.shape[0] // accumulate
             total = 0.0
             with dev.measure() as one:
@@ -92,8 +93,8 @@ def zero_train(recipe, stage: int, *, accumulate: int = 1, group=None, timed: bo
                 zero.zero_grad()
             times.append(one.time)
             sent.append(one.bytes_sent)
-            mean = torch.tensor([total])
-            dist.all_reduce(mean, group=group)  # raw gloo, untraced: the whole batch's loss, for curves
+            mean = torch.tensor([total], device=dev.torch_device)
+            dist.all_reduce(mean, group=group)  # the backend's own, untraced: the whole batch's loss, for curves
             if replicas is not None:
                 dist.all_reduce(mean, group=replicas)
             losses.append(mean.item() / data_n)

@@ -74,7 +74,7 @@ class ZeROShards:
 
     def full_parameters(self) -> dict:
         """{name: fp32 tensor} of the whole model's trainable parameters (the master weights in
-        mixed precision), gathered by placement with raw gloo collectives: a check, off the
+        mixed precision), gathered by placement with raw torch.distributed collectives: a check, off the
         trace and the clock."""
         return self._unshard(self.local_shards("param"))
 
@@ -95,7 +95,7 @@ class ZeROShards:
     def reduced_gradients(self) -> dict:
         """{name: fp32 tensor}: the averaged gradients as this rank's optimizer reads them, after
         the stage's own reduction (in the gradients' dtype: bf16 or fp32), gathered whole with
-        raw gloo collectives (a check). Call after backward, before `step`; it runs the stage's
+        raw torch.distributed collectives (a check). Call after backward, before `step`; it runs the stage's
         reduction first if that has not happened yet, as `grad_shards` does."""
         self.reduce_gradients()
         if self.stage == 0:
