@@ -35,6 +35,7 @@ from pipelib.context_parallel.apply import apply_context_parallel, shard_tokens,
 from pipelib.context_parallel.partition import check_layout, shard_positions
 from pipelib.model import GPTConfig
 from pipelib.results import StepResult
+from pipelib.runtime.place import to_rank_device
 
 
 def cp_recipe(config: GPTConfig, batch: int, seq_len: int, steps: int = 3, *, lr: float = 1e-2, seed: int = 0,
@@ -55,7 +56,7 @@ def _context_parallel_model(recipe, group, layout: str, context: str, global_pos
         raise ValueError(f"{context}: dropout={recipe.model.dropout} would draw different masks on each rank "
                          f"and in one process; use dropout=0.0 to compare with `cp_recipe(...).reference()`")
     check_layout(recipe.seq_len, n, layout, context=f"rank {dist.get_rank()}: {context}")
-    return apply_context_parallel(recipe.build(), group, layout, global_positions=global_positions)
+    return apply_context_parallel(to_rank_device(recipe.build()), group, layout, global_positions=global_positions)
 
 
 def cp_train(config: GPTConfig, batch: int, seq_len: int, steps: int = 3, *, group=None, layout: str = "zigzag",
@@ -75,7 +76,7 @@ def cp_train(config: GPTConfig, batch: int, seq_len: int, steps: int = 3, *, gro
     opt, losses = recipe.make_optimizer(model.parameters()), []
     params = [p for p in model.parameters()]                         # the tied head weight once
     for step in range(steps):
-        x, y = shard_tokens(*recipe.global_batch(step), group, layout)
+        x, y = shard_tokens(*to_rank_device(recipe.global_batch(step)), group, layout)
         opt.zero_grad(set_to_none=False)
         loss = loss_of(model, x, y)                                  # the mean over this rank's tokens
         loss.backward()
@@ -105,7 +106,7 @@ def cp_first_loss(config: GPTConfig, batch: int, seq_len: int, *, group=None, la
     recipe = cp_recipe(config, batch, seq_len, seed=seed, dtype=dtype)
     model = _context_parallel_model(recipe, group, layout, "cp_first_loss", global_positions)
     with torch.no_grad():
-        part = loss_of(model, *shard_tokens(*recipe.global_batch(0), group, layout)).reshape(1)
+        part = loss_of(model, *shard_tokens(*to_rank_device(recipe.global_batch(0)), group, layout)).reshape(1)
     all_reduce(part, "sum", group, label="cp loss all-reduce")
     return part.item() / dist.get_world_size(group)
 

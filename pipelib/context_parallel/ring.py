@@ -152,7 +152,7 @@ def ring_buffer_bytes(q, k, n: int, backward: bool) -> int:
     ring = n > 1
     total = kv * (1 + ring) + (2 * q.numel() * q.element_size() if k.shape[1] != q.shape[1] else 0)
     if backward:
-        acc = torch.empty((), dtype=accumulator_dtype(q.dtype)).element_size()
+        acc = torch.empty((), dtype=accumulator_dtype(q.dtype), device=q.device).element_size()
         total += 2 * k.numel() * acc * (1 + ring) + q.numel() * acc + 3 * q.numel() * q.element_size()
     return total
 

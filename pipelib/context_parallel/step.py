@@ -24,6 +24,7 @@ from pipelib.context_parallel.variants import variant_info
 from pipelib.results import StepResult, check_against_reference
 from pipelib.runtime.device import current
 from pipelib.runtime.mesh import Mesh
+from pipelib.runtime.place import to_rank_device
 from pipelib.topology import Topology
 
 
@@ -65,7 +66,7 @@ def attention_step(variant: str, seq_len: int, *, batch: int = 1, heads: int = 4
         check_layout(seq_len, n, layout, context=f"rank {dist.get_rank()}: attention_step({variant!r})")
         full = attention_inputs(seq_len, batch, heads, head_dim, dtype, seed, kv_heads)
         inputs = [split_sequence(t, n, me, layout) for t in full]
-    q, k, v, dout = [t.clone().requires_grad_(i < 3) for i, t in enumerate(inputs)]
+    q, k, v, dout = [t.clone().requires_grad_(i < 3) for i, t in enumerate(to_rank_device(list(inputs)))]
     dev, stats = current(), {}
     with dev.measure(fresh_memory=True) as step:   # this step's bytes only, not an earlier step's
         with dev.measure() as forward, dev.memory.saved_activations():

@@ -26,6 +26,7 @@ from pipelib.context_parallel.costs import forward_wait, overlap_stats
 from pipelib.context_parallel.partition import shard_pieces, split_sequence
 from pipelib.context_parallel.step import attention_inputs, attention_step
 from pipelib.context_parallel.variants import variant_info
+from pipelib.runtime.place import to_rank_device
 
 
 def time_attention(variant: str, seq_len: int, repeats: int = 3, *, group=None, layout: str = "zigzag",
@@ -34,7 +35,7 @@ def time_attention(variant: str, seq_len: int, repeats: int = 3, *, group=None, 
     `repeats` steps after one warm-up (unless `warmup=False`)."""
     variant_info(variant)   # an unknown name fails here, before any barrier
     n, me = dist.get_world_size(group), dist.get_rank(group)
-    shards = [split_sequence(t, n, me, layout) for t in attention_inputs(seq_len, **_inputs(kw))]
+    shards = to_rank_device([split_sequence(t, n, me, layout) for t in attention_inputs(seq_len, **_inputs(kw))])
 
     def work():
         attention_step(variant, seq_len, group=group, layout=layout, inputs=shards, **kw)
@@ -65,7 +66,7 @@ def _timed(work, repeats: int, group, warmup: bool) -> list[float]:
 def rank_work(seq_len: int, n: int, rank: int = 0, *, layout: str = "zigzag", causal: bool = True, **kw):
     """A function doing rank `rank`'s ring-attention work, forward and backward, with every K/V
     shard at hand and no message (inputs prepared here, outside what it times)."""
-    q, k, v, dout = attention_inputs(seq_len, **kw)
+    q, k, v, dout = to_rank_device(attention_inputs(seq_len, **kw))  # drawn on the CPU, then moved
     pieces = [shard_pieces(seq_len, n, r, layout) for r in range(n)]
     qs, dos = split_sequence(q, n, rank, layout), split_sequence(dout, n, rank, layout)
     ks = [split_sequence(k, n, r, layout) for r in range(n)]

@@ -8,7 +8,8 @@ buffers that require grad cannot be sharded in place. The template underneath,
 ``_templated_ring_attention`` and its ``_backward``, is kernel-agnostic and runs on CPU with the
 CPU flash kernel (which returns the log-sum-exp the merge needs). It is private API: it may
 change in any release, so every call here is guarded and reports "unavailable" rather than
-failing the chapter.
+failing the chapter. On ``cuda`` engines `torch_ring_step` raises a NotImplementedError that names
+the CUDA kernels' dtype rule (no float64) and the public API to use there.
 
 Load balancing (torch's round-robin, which is zigzag) is switched off, so the shards are
 contiguous; by default torch rotates K/V with an all-gather, not point-to-point sends
@@ -44,7 +45,15 @@ def torch_ring_step(seq_len: int, *, batch: int = 1, heads: int = 4, head_dim: i
     from torch.distributed.tensor.experimental._context_parallel import _attention as A
 
     from pipelib.context_parallel.step import attention_inputs
+    from pipelib.runtime.device import current
 
+    if current().torch_device.type != "cpu":
+        raise NotImplementedError(
+            f"torch_ring_step runs torch's private ring template with the CPU flash kernel, on the CPU only "
+            f"(this rank is on {current().torch_device}). On CUDA, torch's ring dispatches on its CUDA kernels "
+            f"with a log-sum-exp (flash, efficient, cuDNN), which take float16 or bfloat16 (efficient: float32 "
+            f"too) and never {dtype}: use the public torch.distributed.tensor.experimental.context_parallel "
+            f"with dtype=torch.bfloat16 or torch.float32 there")
     group = dist.group.WORLD
     n, me = dist.get_world_size(), dist.get_rank()
     q, k, v, dout = [split_sequence(t, n, me, "contiguous")
