@@ -65,8 +65,9 @@ def regroup_index(received: torch.Tensor) -> torch.Tensor:
     P, El = received.shape
     start = torch.cumsum(received.flatten(), 0) - received.flatten()  # (P*El,) offsets in arrival order
     start = start.view(P, El)
-    parts = [torch.arange(int(start[p, e]), int(start[p, e] + received[p, e])) for e in range(El) for p in range(P)]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+    parts = [torch.arange(int(start[p, e]), int(start[p, e] + received[p, e]), device=received.device)
+             for e in range(El) for p in range(P)]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=received.device)
 
 
 def run_local(rows: torch.Tensor, counts, experts) -> torch.Tensor:
@@ -88,5 +89,5 @@ def expert_parallel_ffn(rows: torch.Tensor, counts: torch.Tensor, experts, group
     index = regroup_index(received)
     y = run_local(arrived[index], received.sum(0), experts)
     back = torch.empty_like(index)
-    back[index] = torch.arange(index.numel())
+    back[index] = torch.arange(index.numel(), device=index.device)
     return AllToAll.apply(y[back], out_splits, in_splits, group, f"{label} combine", builtin)

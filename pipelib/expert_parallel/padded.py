@@ -25,7 +25,8 @@ from pipelib.comm.registry import collective_info
 
 def agreed_capacity(counts: torch.Tensor, group) -> int:
     """The largest count of any expert on any rank of `group` (one all-reduce with max)."""
-    top = counts.max().reshape(1).to(torch.int64) if counts.numel() else torch.zeros(1, dtype=torch.int64)
+    top = (counts.max().reshape(1).to(torch.int64) if counts.numel()
+           else torch.zeros(1, dtype=torch.int64, device=counts.device))
     collective_info("all_reduce").run(top, group, op="max", label="moe capacity")
     return int(top)
 

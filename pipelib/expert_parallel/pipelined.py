@@ -142,16 +142,17 @@ def moe_pipeline_step(schedule, p: int, m: int, spec: MoESpec, sizes: PipeSizes 
     from pipelib.pipeline.step import resolve_schedule
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
+    from pipelib.runtime.place import to_rank_device
     from pipelib.topology import Topology
 
     mesh = Mesh(Topology(pp=p, dp=ep, ep=ep))
     if not mesh.contains:
         return None
     s = resolve_schedule(schedule, p, m)
-    mine = {k: MoEStage(spec, sizes, k, s.num_stages) for k in s.stages_of(mesh.local_rank("pp"))}
+    mine = {k: to_rank_device(MoEStage(spec, sizes, k, s.num_stages)) for k in s.stages_of(mesh.local_rank("pp"))}
     for mod in mine.values():
         mod.moe.shard(mesh["ep"], builtin=builtin)
-    x, y = pipeline_batch(sizes, m, ep, mesh.local_rank("dp"))
+    x, y = to_rank_device(pipeline_batch(sizes, m, ep, mesh.local_rank("dp")))
     stages = [Stage(mod, k, s.num_stages, per_module=True) for k, mod in mine.items()]
     dev = current()
     with dev.overrides(profile=profile) if profile is not None else contextlib.nullcontext():

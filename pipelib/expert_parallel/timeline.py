@@ -94,14 +94,15 @@ def _timed_moe_pass(recipe, spec, dp: int, ep: int, profile, *, backward: bool) 
     from pipelib.expert_parallel.gpt import moe_loss
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
+    from pipelib.runtime.place import to_rank_device
     from pipelib.topology import Topology
 
     mesh = Mesh(Topology(dp=dp, ep=ep))
     if not mesh.contains:
         return None
     dev = current()
-    model = apply_expert_parallel(moe_gpt(recipe, spec), mesh["ep"])
-    x, y = recipe.batch(0, mesh.local_rank("dp"), dp)
+    model = apply_expert_parallel(to_rank_device(moe_gpt(recipe, spec)), mesh["ep"])
+    x, y = to_rank_device(recipe.batch(0, mesh.local_rank("dp"), dp))
     handles = time_modules(model, dev, backward=backward)
     try:
         with dev.overrides(profile=profile) if profile is not None else contextlib.nullcontext(), \

@@ -82,6 +82,7 @@ def train_expert_parallel(recipe, spec, dp: int, ep: int, *, builtin: bool = Fal
     """`recipe.steps` optimizer steps of the MoE GPT on a dp x ep mesh (module docstring); None
     on ranks beyond dp. `builtin`: gloo's all_to_all_single moves the tokens."""
     from pipelib.runtime.mesh import Mesh
+    from pipelib.runtime.place import to_rank_device
     from pipelib.topology import Topology
 
     topology = Topology(dp=dp, ep=ep)
@@ -89,7 +90,7 @@ def train_expert_parallel(recipe, spec, dp: int, ep: int, *, builtin: bool = Fal
     edp = expert_data_group(topology)
     if not mesh.contains:
         return None
-    model = apply_expert_parallel(moe_gpt(recipe, spec), mesh["ep"], builtin=builtin)
+    model = apply_expert_parallel(to_rank_device(moe_gpt(recipe, spec)), mesh["ep"], builtin=builtin)
     opt = recipe.make_optimizer(model.parameters())
     named = list(model.named_parameters())
     replicated = [p for k, p in named if not is_expert_param(k)]
@@ -97,7 +98,7 @@ def train_expert_parallel(recipe, spec, dp: int, ep: int, *, builtin: bool = Fal
     losses, grads, sent, load = [], [], [], []
     for step in range(recipe.steps):
         opt.zero_grad(set_to_none=False)
-        x, y = recipe.batch(step, mesh.local_rank("dp"), dp)
+        x, y = to_rank_device(recipe.batch(step, mesh.local_rank("dp"), dp))
         loss = moe_loss(model, x, y)
         loss.backward()
         sync_grads(replicated, mesh["dp"], dp, "dp grads")
