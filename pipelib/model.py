@@ -281,7 +281,8 @@ class GPT(nn.Module):
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-        """Sample `max_new_tokens` after idx (B, T); same generator seed -> same text."""
+        """Sample `max_new_tokens` after idx (B, T); same generator seed -> same text (a CPU
+        generator draws on the CPU whatever the model's device, so the text is the same there too)."""
         was_training = self.training
         self.eval()
         for _ in range(max_new_tokens):
@@ -291,7 +292,9 @@ class GPT(nn.Module):
                 kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
                 logits = logits.masked_fill(logits < kth, float("-inf"))  # (B, V)
             probs = F.softmax(logits, dim=-1)  # (B, V)
-            nxt = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+            if generator is not None and generator.device != probs.device:  # a CPU generator, a GPU model:
+                probs = probs.to(generator.device)  # drawn where the generator is, the same text on every device
+            nxt = torch.multinomial(probs, 1, generator=generator).to(idx.device)  # (B, 1)
             idx = torch.cat([idx, nxt], dim=1)  # (B, T + 1)
         self.train(was_training)
         return idx

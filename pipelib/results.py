@@ -81,7 +81,7 @@ def gather(results: Sequence[StepResult | None], key: str = "grads", *,
                     f"{name} returned by rank {owner[name]} and rank {rank}; pass shared= if "
                     f"it is replicated on purpose (a tied weight, data parallelism)")
                 where = f"{name} differs between rank {owner[name]} and rank {rank}"
-                torch.testing.assert_close(t, out[name], msg=lambda e, w=where: f"{w}: {e}")
+                torch.testing.assert_close(t.cpu(), out[name].cpu(), msg=lambda e, w=where: f"{w}: {e}")
                 continue
             out[name], owner[name] = t, rank
     return out
@@ -94,7 +94,7 @@ def _close(got: dict, want: Mapping, what: str, exact: bool, rtol, atol) -> floa
     assert not missing and not extra, (f"{what}: missing {missing}, not in the reference {extra}")
     worst = 0.0
     for name, ref in want.items():
-        t = got[name]
+        t, ref = got[name].cpu(), ref.cpu()  # a GPU rank's or reference's tensors, compared on the CPU
         if exact:
             assert torch.equal(t, ref), f"{what} {name}: not bit for bit equal"
         else:

@@ -21,7 +21,7 @@ def _work(units: int, x):
     """`units` real matmuls of (N, N); returns a small result so nothing is optimised away."""
     import torch
 
-    acc = torch.zeros(MATMUL_N, MATMUL_N)
+    acc = torch.zeros(MATMUL_N, MATMUL_N, device=x.device)
     for _ in range(units):
         acc += x @ x
     return acc[0, :8].clone()
@@ -36,6 +36,7 @@ def _scaling_step(k: int, serial_units: int, parallel_units_per_rank: list[int])
 
     from pipelib.comm import p2p as comms
     from pipelib.runtime.device import current
+    from pipelib.runtime.place import to_rank_device
 
     dev, rank = current(), dist.get_rank()
     dist.barrier()  # start together (wall clock); the virtual clock was reset to 0 on every rank
@@ -43,9 +44,9 @@ def _scaling_step(k: int, serial_units: int, parallel_units_per_rank: list[int])
     if rank >= k:
         return None
     g = torch.Generator().manual_seed(1234)
-    x = torch.randn(MATMUL_N, MATMUL_N, generator=g) / MATMUL_N
+    x = to_rank_device(torch.randn(MATMUL_N, MATMUL_N, generator=g) / MATMUL_N)  # drawn on the CPU
     dev.memory.set("buffers", x.numel() * x.element_size(), "input matrix")
-    token = torch.zeros(8)
+    token = torch.zeros(8, device=x.device)
     if rank == 0:
         with dev.compute("serial", flops=serial_units * unit_flops()):
             token += _work(serial_units, x)
@@ -56,7 +57,7 @@ def _scaling_step(k: int, serial_units: int, parallel_units_per_rank: list[int])
         part = _work(parallel_units_per_rank[rank], x)
     if rank == 0:
         comms.wait_all(handles)
-        buf = torch.empty(8)
+        buf = torch.empty(8, device=x.device)
         for src in range(1, k):
             part += comms.recv(buf, src, label="result")
         return dev.clock.now() - t0

@@ -60,7 +60,7 @@ def pingpong(sizes=DEFAULT_SIZES, repeats: int = 5, ranks=(0, 1), group=None, wa
     dev, peer = current(), b if me == a else a
     rows = []
     for n in sizes:
-        buf = torch.zeros(max(int(n), 1), dtype=torch.uint8)
+        buf = torch.zeros(max(int(n), 1), dtype=torch.uint8, device=dev.torch_device)
         label = f"ping {n} B"
         times = []
         for i in range(warmup + repeats):
@@ -90,7 +90,7 @@ def _start(dev, group) -> float:
     if not dev.clock.virtual:
         dist.barrier(group=group)
         return dev.now()
-    t = torch.tensor([dev.now()], dtype=torch.float64)
+    t = torch.tensor([dev.now()], dtype=torch.float64, device=dev.torch_device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     dev.clock.wait_until(float(t))
     return float(t)
@@ -101,7 +101,9 @@ def _slowest(times: list[list[float]], group) -> list[list[float]]:
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor(times, dtype=torch.float64)
+    from pipelib.runtime.device import current
+
+    t = torch.tensor(times, dtype=torch.float64, device=current().torch_device)  # NCCL reduces GPU tensors only
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return t.tolist()
 
@@ -132,7 +134,8 @@ def ring_shift(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int = 
     right, left = (me + 1) % n, (me - 1) % n
     times = []
     for size in sizes:
-        out, into = torch.zeros(max(int(size), 1), dtype=torch.uint8), torch.empty(max(int(size), 1), dtype=torch.uint8)
+        out, into = (torch.zeros(max(int(size), 1), dtype=torch.uint8, device=dev.torch_device),
+                     torch.empty(max(int(size), 1), dtype=torch.uint8, device=dev.torch_device))
         ts = []
         for i in range(warmup + repeats):
             t0 = _start(dev, group)
@@ -168,7 +171,7 @@ def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: i
         sizes = [max(s // n, 1) * n for s in sizes]
     times = []
     for numel in sizes:
-        x, ts = torch.ones(numel), []
+        x, ts = torch.ones(numel, device=dev.torch_device), []
         for i in range(warmup + repeats):
             y = x.clone()
             t0 = _start(dev, group)
@@ -199,7 +202,7 @@ def reduce_rate(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int =
         return None
     dev, sizes, times = current(), [max(int(s) // 4, 1) for s in sizes], []
     for numel in sizes:
-        a, b, ts = torch.ones(numel), torch.ones(numel), []
+        a, b, ts = torch.ones(numel, device=dev.torch_device), torch.ones(numel, device=dev.torch_device), []
         for i in range(warmup + repeats):
             _start(dev, group)
             t0 = time.perf_counter()
@@ -223,9 +226,10 @@ def overlap_demo(mode: str, delay: float = 0.05, work: float = 0.05, numel: int 
     import torch.distributed as dist
 
     from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import current
 
     r = dist.get_rank()
-    x = torch.ones(numel)
+    x = torch.ones(numel, device=current().torch_device)
     dist.barrier()
     if r == 1:
         time.sleep(delay)
@@ -255,12 +259,13 @@ def exchange(mode: str, numel: int = 4) -> float | None:
     import torch.distributed as dist
 
     from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import current
 
     r = dist.get_rank()
     if r > 1:
         return None
-    peer = 1 - r
-    mine, theirs = torch.full((numel,), float(r)), torch.empty(numel)
+    peer, device = 1 - r, current().torch_device
+    mine, theirs = torch.full((numel,), float(r), device=device), torch.empty(numel, device=device)
     if mode == "send-first":
         comms.send(mine, peer, label="swap")
         comms.recv(theirs, peer, label="swap")

@@ -46,7 +46,7 @@ def alternate_steps(sides: Mapping[str, Callable[[], object]], steps: int, *, wa
             sides[name]()
             if dev.kind == "cuda":
                 torch.cuda.synchronize()
-            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=dev.torch_device)
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank's step
             if i >= warmup:
                 times[name].append(elapsed.item())
