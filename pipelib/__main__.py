@@ -40,18 +40,15 @@ def gpu_of(environ, gpus: int) -> int:
 
 
 def ping_neighbours(x, y, rank: int, world: int) -> None:
-    """Send x to rank + 1 and receive y from rank - 1, traced by pipelib's messages, in an order
-    NCCL cannot deadlock on. NCCL matches messages by their order between two ranks, not by tag,
-    and runs a rank pair's messages in the order they were posted: were every rank to post its
-    send before its receive, on 2 ranks (left = right) each send would wait for a receive queued
-    behind the other's send. So even ranks send first and odd ranks receive first. No header
-    (check=False: a CPU tensor NCCL refuses; both buffers have the same size by construction)."""
+    """Send x to rank + 1 and receive y from rank - 1 as one exchange, traced by pipelib's
+    messages. NCCL matches messages by their order between two ranks, not by tag, and runs a
+    rank pair's messages in the order they were posted: on 2 ranks (left = right) two sends posted
+    before their receives would wait for each other. `sendrecv` posts both as one batch (one NCCL
+    group call under NCCL's matching rules, `pipelib.runtime.matching`), with no header
+    (check=False: both buffers have the same size by construction)."""
     from pipelib.comm import p2p as comms
 
-    right, left = (rank + 1) % world, (rank - 1) % world
-    posts = [lambda: comms.isend(x, right, label="ping", check=False),
-             lambda: comms.irecv(y, left, label="ping", check=False)]
-    comms.wait_all([post() for post in (posts if rank % 2 == 0 else posts[::-1])])
+    comms.sendrecv(x, (rank + 1) % world, y, (rank - 1) % world, check=False)
 
 
 def check(device: str) -> int:
