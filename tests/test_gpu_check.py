@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
 
+@pytest.mark.cluster
 def test_gpu_check_on_cpus_is_green_with_every_row_in_the_table_and_the_json(tmp_path):
     out = tmp_path / "gpu-check.json"
     run = subprocess.run([sys.executable, "-m", "pipelib", "gpu-check", "--device", "cpu", "--json", str(out)],
@@ -53,6 +54,7 @@ def _crashes(ctx):
     return ctx.cluster.run(int, "not a number")  # raises on every engine
 
 
+@pytest.mark.cluster
 def test_a_row_that_differs_or_crashes_fails_the_run_names_itself_and_the_next_row_runs(tmp_path, capsys):
     checks = {"differs": CheckInfo("differs", "test", _differs, 1e-9, "one process"),
               "crashes": CheckInfo("crashes", "test", _crashes, 1e-9, "one process"),
