@@ -54,10 +54,16 @@ def _crashes(ctx):
     return ctx.cluster.run(int, "not a number")  # raises on every engine
 
 
+def _kills_a_rank(ctx):
+    return ctx.cluster.run_on([1], os._exit, 3)  # rank 1's process dies: the cluster must start afresh
+
+
 @pytest.mark.cluster
-def test_a_row_that_differs_or_crashes_fails_the_run_names_itself_and_the_next_row_runs(tmp_path, capsys):
+def test_a_row_that_differs_crashes_or_kills_a_rank_fails_the_run_names_itself_and_the_next_row_runs(
+        tmp_path, capsys):
     checks = {"differs": CheckInfo("differs", "test", _differs, 1e-9, "one process"),
               "crashes": CheckInfo("crashes", "test", _crashes, 1e-9, "one process"),
+              "dies": CheckInfo("dies", "test", _kills_a_rank, 1e-9, "one process"),
               "all_reduce": CHECKS["all_reduce"]}
     out = tmp_path / "gpu-check.json"
     status = gpu_check("cpu", 2, str(out), checks=checks)
@@ -66,11 +72,12 @@ def test_a_row_that_differs_or_crashes_fails_the_run_names_itself_and_the_next_r
     rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["differs"]["failure"] == "gradient w differs by 0.5 > 1e-09"
     assert rows["crashes"]["failure"].startswith("RankError: ") and "ValueError" in rows["crashes"]["failure"]
-    assert rows["all_reduce"]["status"] == "ok" and rows["all_reduce"]["diff"] == 0   # it still ran, after the crash
+    assert rows["dies"]["failure"].startswith("RankDiedError: ")
+    assert rows["all_reduce"]["status"] == "ok" and rows["all_reduce"]["diff"] == 0   # on the restarted cluster
     lines = {line.split()[0]: line for line in printed.splitlines() if line.split()}
     assert "FAIL" in lines["differs"] and "gradient w differs by 0.5 > 1e-09" in lines["differs"]
     assert "FAIL" in lines["crashes"] and "ValueError" in lines["crashes"]
-    assert "FAILED: 2 of 4 rows (differs, crashes)" in printed
+    assert "FAILED: 3 of 5 rows (differs, crashes, dies)" in printed
 
 
 def test_a_difference_above_the_tolerance_or_nan_fails_and_a_skip_passes():
