@@ -7,6 +7,8 @@
 - `stage`: cutting a model into stages; `Stage` runs one slice's F, B, I and W;
 - `shapes`: the shape handshake before a step (who receives which shape);
 - `executor`: `execute`, the one executor: any validated schedule, on this rank's stages;
+- `messages`: one step's messages: who receives what from whom, in which order (by tag, or
+  by each sender's order under NCCL's rules);
 - `step`: the step API: `check_step`, `train_step`, `run_train_step` (checked against `Recipe(...).first_step()`);
 - `gpt`: the tiny GPT as a pipeline: stages cut between blocks, the tied embedding's gradient;
 - `deepspeed_pipe`: DeepSpeed's pipeline engine (`PipelineModule`) on chapter 12's MLP without a

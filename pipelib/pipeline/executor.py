@@ -18,11 +18,13 @@ that `validate` accepts run without deadlock (DESIGN.md section 6):
 
 Messages carry a tag per (kind, sending stage): activations and gradients travel in separate
 queues, so V schedules (ZB-V, DualPipeV), whose activations and gradients between two ranks are
-interleaved differently on the two sides, need no reordering (validate(order="kind")).
+interleaved differently on the two sides, need no reordering (validate(order="kind")). Under
+NCCL's rules, which have no tags, each rank takes a peer's messages in the order that peer sends
+them and posts each receive just before its compute (`pipelib.pipeline.messages`).
 
 Before the step, each rank learns the shapes of the messages it will receive
 (`pipelib.pipeline.shapes`). `execute` checks its arguments, then `_run` walks the actions and
-a `_Messages` holds the step's messages: receives posted ahead, sends in flight, local handovers.
+a `StepMessages` holds the step's messages: receives posted ahead, sends in flight, local handovers.
 
 On a simulated device with a virtual clock and `costs`, DualPipeV's F&B (`Costs.overlaps`) runs
 as one overlapped pair: both inputs taken, both computed in turn, the collectives inside them (an
@@ -36,13 +38,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from pipelib.checks import check_int
 from pipelib.comm import p2p as comms
+from pipelib.pipeline.messages import StepMessages
 from pipelib.pipeline.schedules import Op, Schedule, validate
 from pipelib.pipeline.shapes import cached_shapes
 from pipelib.runtime.clocks import VirtualClock
@@ -57,45 +59,6 @@ def _validated(s: Schedule) -> Schedule:
     return validate(s, order="kind")
 
 
-def _tag(kind: str, from_stage: int) -> int:
-    """One message queue per (kind, sending stage): act from s -> 2s, grad from s -> 2s+1."""
-    return 2 * from_stage + (1 if kind == "grad" else 0)
-
-
-class _Recv(NamedTuple):
-    """A message one action waits for: its index in the rank's actions, what, from where."""
-
-    index: int
-    kind: str           # "act" or "grad"
-    from_stage: int
-    src: int            # the sending rank (in the schedule's group)
-    tag: int
-    label: str          # e.g. "act for 2F3", on the trace and the activity beacon
-
-
-@functools.lru_cache(maxsize=64)
-def _receives(s: Schedule, rank: int) -> tuple[_Recv, ...]:
-    """Every remote receive of `rank`'s actions, in action order: worked out once per schedule,
-    not at every step (a training loop runs the same schedule thousands of times)."""
-    out = []
-    for i, a in enumerate(s.actions[rank]):
-        need = _remote_input(s, rank, a)
-        if need:
-            kind, from_stage = need
-            out.append(_Recv(i, kind, from_stage, s.stage_to_rank[from_stage],
-                             _tag(kind, from_stage), f"{kind} for {a}"))
-    return tuple(out)
-
-
-def _remote_input(s: Schedule, rank: int, a) -> tuple[str, int] | None:
-    """(kind, from_stage) of the message action `a` waits for, or None (no input, or local)."""
-    if a.op is Op.F and a.stage > 0 and s.stage_to_rank[a.stage - 1] != rank:
-        return "act", a.stage - 1
-    if a.op in (Op.B, Op.I) and a.stage < s.num_stages - 1 and s.stage_to_rank[a.stage + 1] != rank:
-        return "grad", a.stage + 1
-    return None
-
-
 def _chunks(t: torch.Tensor, m: int, what: str, copy: bool) -> list[torch.Tensor]:
     """Split along dim 0 into m equal microbatches: views, or with copy=True each its own
     storage (a device that counts saved activations would count a shared storage once)."""
@@ -107,68 +70,7 @@ def _chunks(t: torch.Tensor, m: int, what: str, copy: bool) -> list[torch.Tensor
     return [c.clone() for c in t.chunk(m)] if copy else list(t.chunk(m))
 
 
-# ----------------------------------------------------------------------------- one step's messages
-class _Messages:
-    """This rank's messages during one step (`execute` builds one per step).
-
-    Receives are posted in action order, `ahead` beyond the one an action needs, so their bytes
-    flow while this rank computes; `take` blocks just before the compute that needs its input;
-    `give` sends without blocking (handles kept in `sends` until the step ends) or hands the
-    tensor to a neighbouring stage on this rank (`local`).
-    """
-
-    __slots__ = ("s", "rank", "group", "peer", "in_spec", "out_spec", "bufs", "ahead", "check",
-                 "acts", "remote", "posted", "done", "local", "sends")
-
-    def __init__(self, s: Schedule, rank: int, group, in_spec, out_spec, bufs: dict,
-                 ahead: int, check: bool):
-        self.s, self.rank, self.group, self.ahead, self.check = s, rank, group, ahead, check
-        # group ranks -> global ranks once per step; comms' per-message peer checks are then
-        # skipped (post_send/post_recv): the schedule was validated and the group size checked
-        self.peer = {r: r if group is None else dist.get_global_rank(group, r)
-                     for r in range(s.num_ranks) if r != rank}
-        self.in_spec, self.out_spec, self.bufs = in_spec, out_spec, bufs
-        self.acts, self.remote = s.actions[rank], _receives(s, rank)
-        self.posted: dict[tuple, comms.Handle] = {}  # (kind, from_stage, microbatch) -> receive posted
-        self.done = 0                                # entries of `remote` whose receive was taken
-        self.local: dict[tuple, torch.Tensor] = {}   # (kind, from_stage, microbatch) -> handed over here
-        self.sends: list[comms.Handle] = []
-
-    def post(self, extra: int) -> None:
-        """Post the receives of `remote` up to `extra` beyond those taken (each once, in order)."""
-        n = min(self.done + extra, len(self.remote))
-        while len(self.posted) + self.done < n:
-            r = self.remote[len(self.posted) + self.done]
-            a = self.acts[r.index]
-            shape, dtype = self.in_spec[a.stage] if r.kind == "act" else self.out_spec[a.stage]
-            key = (r.kind, r.from_stage, a.microbatch)
-            buf = self.bufs.get(key)
-            if buf is None:
-                buf = self.bufs[key] = torch.empty(shape, dtype=dtype, device=current().torch_device)
-            self.posted[key] = comms.post_recv(
-                buf, self.peer[r.src], self.group, r.tag, r.label,
-                {"stage": r.from_stage, "microbatch": a.microbatch}, self.check)
-
-    def take(self, kind: str, from_stage: int, a) -> torch.Tensor:
-        """The input `a` needs: handed over locally, or received (blocking here, just before a)."""
-        if self.s.stage_to_rank[from_stage] == self.rank:
-            return self.local.pop((kind, from_stage, a.microbatch))
-        self.post(1 + self.ahead)  # this receive, and the next ones while we compute
-        self.done += 1  # the beacon reads e.g. "act for 2F3: recv from rank 1 (...), waiting"
-        return self.posted.pop((kind, from_stage, a.microbatch)).wait()
-
-    def give(self, kind: str, from_stage: int, microbatch: int, tensor: torch.Tensor) -> None:
-        """Send `tensor` to the stage it is for (s+1 for "act", s-1 for "grad"), or hand it over."""
-        dst = self.s.stage_to_rank[from_stage + (1 if kind == "act" else -1)]
-        if dst == self.rank:
-            self.local[kind, from_stage, microbatch] = tensor
-        else:
-            self.sends.append(comms.post_send(
-                tensor, self.peer[dst], self.group, _tag(kind, from_stage), kind,
-                {"stage": from_stage, "microbatch": microbatch}, self.check))
-
-
-def _run(io: _Messages, mine: dict, xs, ys, loss_fn: Callable, costs, dev,
+def _run(io: StepMessages, mine: dict, xs, ys, loss_fn: Callable, costs, dev,
          stage_done: Callable | None = None) -> tuple[list, int]:
     """Run this rank's actions in order: (the last stage's microbatch losses, peak activation bytes
     above the step's start); `stage_done(stage)` once a stage's m-th B or W is in."""
@@ -291,7 +193,7 @@ def execute(schedule: Schedule, stages, batch, targets, loss_fn: Callable, group
     in_spec, out_spec = cached_shapes(s, mine, rank, group, xs[0] if xs else None, shapes)
     # receive buffers: kept with the shapes between steps (as torch's stages do): a step allocates none
     bufs = {} if shapes is None else shapes.setdefault(("buffers", s, rank), {})
-    io = _Messages(s, rank, group, in_spec, out_spec, bufs, recv_ahead, check)
+    io = StepMessages(s, rank, group, in_spec, out_spec, bufs, recv_ahead, check)
     losses, peak = _run(io, mine, xs, ys, loss_fn, costs, dev, stage_done)
     comms.wait_all(io.sends)
     if stats is not None:
