@@ -158,9 +158,10 @@ def ring_buffer_bytes(q, k, n: int, backward: bool) -> int:
 
 
 def _exchange(send, recv, group, me, n, tag, label):
-    """Post the receive from the left neighbour and the send to the right one; return handles."""
-    return [p2p.post_recv(recv, _peer(group, (me - 1) % n), group, tag, label, _FIELDS, False),
-            p2p.post_send(send, _peer(group, (me + 1) % n), group, tag, label, _FIELDS, False)]
+    """Post the receive from the left neighbour and the send to the right one, as one exchange
+    (one batch under NCCL's rules: on 2 ranks left and right are the same peer); the handles."""
+    return p2p.post_batch([("recv", recv, _peer(group, (me - 1) % n), label),
+                           ("send", send, _peer(group, (me + 1) % n), label)], group, tag, _FIELDS, False)
 
 
 def score_bytes(q, pieces, heads: int | None = None) -> int:
