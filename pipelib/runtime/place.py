@@ -38,24 +38,25 @@ def to_rank_device(obj: T, device=None) -> T:
 
 
 def to_cpu(obj: T) -> T:
-    """`obj` with every tensor in it on the CPU: what a rank returns to the notebook."""
-    return _moved(obj, "cpu")
+    """`obj` with every tensor in it on the CPU: what a rank returns to the notebook (a GPU
+    tensor's copy is detached: its graph does not travel)."""
+    return _moved(obj, "cpu", returned=True)
 
 
-def _moved(obj: Any, device) -> Any:
+def _moved(obj: Any, device, returned: bool = False) -> Any:
     import torch
     from torch.utils._pytree import tree_map
 
     def leaf(x):
-        if isinstance(x, torch.Tensor) and str(device) == "cpu" and x.device.type != "cpu":
+        if returned and isinstance(x, torch.Tensor) and x.device.type != "cpu":
             return _cpu_copy(x)
         if isinstance(x, (torch.Tensor, torch.nn.Module)):
             return x.to(device)
         if is_dataclass(x) and not isinstance(x, type):  # a typed result (StepResult, ...)
-            changed = {f.name: _moved(getattr(x, f.name), device) for f in fields(x) if f.init}
+            changed = {f.name: _moved(getattr(x, f.name), device, returned) for f in fields(x) if f.init}
             return replace(x, **changed) if changed else x
         if isinstance(x, MappingProxyType):
-            return MappingProxyType(_moved(dict(x), device))
+            return MappingProxyType(_moved(dict(x), device, returned))
         return x
 
     return tree_map(leaf, obj)
