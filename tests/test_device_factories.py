@@ -69,16 +69,8 @@ ALLOWED = MappingProxyType({
     "pipelib/checkpoint/dcp.py::dcp_load_whole": ({"empty"}, _FILES + " (one process, no group)"),
 })
 
-# LEAD: files of the comm layer another session is changing now; each is a CPU allocation on the
-# path of a collective (the cuda-readiness review's C2), to fix with device=t.device and remove here.
-LEAD = MappingProxyType({
-    "pipelib/comm/algorithms.py::_blocks": ({"empty"}, "buf: device=t.device"),
-    "pipelib/comm/algorithms.py::barrier": ({"zeros"}, "token: device=current().torch_device"),
-    "pipelib/comm/twins.py::torch_reduce_scatter": ({"empty"}, "out: device=x.device"),
-    "pipelib/comm/twins.py::torch_all_gather": ({"empty"}, "out: device=x.device"),
-    "pipelib/comm/twins.py::torch_all_to_all": ({"empty"}, "out: device=x.device"),
-    "pipelib/comm/twins.py::torch_all_to_all_uneven": ({"empty", "tensor"}, "counts, splits, out: device=x.device"),
-})
+# LEAD: none left (the comm layer's allocations take their tensor's device since issue 26's rules).
+LEAD = MappingProxyType({})
 
 
 def factories_without_device(source: str) -> list[tuple[int, str, str]]:

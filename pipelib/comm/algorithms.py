@@ -25,6 +25,7 @@ import torch.distributed as dist
 from pipelib.comm.collectives import _Call, _row_chunks
 from pipelib.comm.registry import check_power_of_two, chunk_sizes, ranks_per_node_of, tree_steps
 from pipelib.comm.ring import reduce_into
+from pipelib.runtime.device import current
 
 
 def _flat(tensor):
@@ -124,7 +125,7 @@ def all_reduce_hierarchical(tensor, op="sum", group=None, *, ranks_per_node: int
 def _blocks(t, n):
     """A buffer of n blocks shaped like t along dim 0, and its blocks as views."""
     t = t.reshape(1) if t.dim() == 0 else t
-    buf = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype)
+    buf = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
     return t, buf, (lambda lo, hi: buf[lo * t.shape[0]:hi * t.shape[0]])
 
 
@@ -182,7 +183,7 @@ def barrier(group=None, *, check: bool = True, label: str | None = None):
     one-byte token to r + 2^k and waits for the one from r - 2^k. After ceil(log2 N) rounds
     every rank has heard, directly or not, from every other: no rank leaves before all have
     arrived (`dist.barrier`). ceil(log2 N) bytes per rank."""
-    token = torch.zeros(1, dtype=torch.uint8)
+    token = torch.zeros(1, dtype=torch.uint8, device=current().torch_device)
     c = _Call("barrier", token, group, check=check, label=label)
     got = torch.empty_like(token)
     for k in range(tree_steps(c.n)):

@@ -62,7 +62,7 @@ def torch_reduce_scatter(x, group=None, *, root: int = 0, op: str = "sum"):
         full = x.clone()
         dist.all_reduce(full, op=_op(op), group=group)
         return _average(torch.tensor_split(full, n)[me].clone(), group, op)
-    out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype)
+    out = torch.empty((x.shape[0] // n, *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.reduce_scatter_tensor(out, x.contiguous(), op=_op(op), group=group)
     return _average(out, group, op)
 
@@ -73,7 +73,7 @@ def torch_all_gather(x, group=None, *, root: int = 0, op: str = "sum"):
 
     dist = _dist()
     x = x.reshape(1) if x.dim() == 0 else x
-    out = torch.empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]), dtype=x.dtype)
+    out = torch.empty((dist.get_world_size(group) * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_gather_into_tensor(out, x.contiguous(), group=group)
     return out
 
@@ -87,7 +87,7 @@ def torch_all_to_all(x, group=None, *, root: int = 0, op: str = "sum"):
     dist = _dist()
     n, me = dist.get_world_size(group), dist.get_rank(group)
     sz = chunk_sizes(x.shape[0], n)
-    out = torch.empty((n * sz[me], *x.shape[1:]), dtype=x.dtype)
+    out = torch.empty((n * sz[me], *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_to_all_single(out, x.contiguous(), output_split_sizes=[sz[me]] * n, input_split_sizes=sz,
                            group=group)
     return out
@@ -103,10 +103,11 @@ def torch_all_to_all_uneven(x, group=None, *, root: int = 0, op: str = "sum", in
     if input_splits is None:
         return torch_all_to_all(x, group)
     if output_splits is None:
-        counts = torch.empty(dist.get_world_size(group), dtype=torch.int64)
-        dist.all_to_all_single(counts, torch.tensor(list(input_splits), dtype=torch.int64), group=group)
+        counts = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=x.device)
+        dist.all_to_all_single(counts, torch.tensor(list(input_splits), dtype=torch.int64, device=x.device),
+                               group=group)
         output_splits = counts.tolist()
-    out = torch.empty((sum(output_splits), *x.shape[1:]), dtype=x.dtype)
+    out = torch.empty((sum(output_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_to_all_single(out, x.contiguous(), output_split_sizes=list(output_splits),
                            input_split_sizes=list(input_splits), group=group)
     return out
