@@ -93,7 +93,7 @@ class Plan:
             raise ValueError(f"Plan: cp={self.cp} cuts each sequence into {2 * self.cp} zigzag chunks, but "
                              f"the recipe's sequences are {seq_len} tokens; use a multiple of {2 * self.cp}")
         stages = resolve_schedule(self.schedule, self.pp, self.microbatches).num_stages if self.pp > 1 else 1
-        if recipe.model.n_layer < stages:  # an interleaved schedule cuts 2 stages per rank
+        if self.pp > 1 and recipe.model.n_layer < stages:  # an interleaved schedule cuts 2 stages per rank
             raise ValueError(f"Plan: pp={self.pp} with {self.schedule!r} cuts {stages} stages but the GPT has "
                              f"n_layer={recipe.model.n_layer} blocks; every stage needs one: use n_layer >= {stages}")
 

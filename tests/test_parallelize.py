@@ -256,3 +256,13 @@ def test_a_pipeline_on_part_of_the_world_leaves_no_group_half_made(cluster4):
     assert first[2:] == [None, None]
     check_against_reference(first, recipe.reference(), shared={"embed.wte.weight"})   # the tied weight
     check_against_reference(run(cluster4, recipe, Plan(dp=4)), recipe.reference(), shared=True)
+
+
+def test_plan_check_takes_an_mlp_recipe_without_a_pipeline():
+    """An MLP has no blocks to cut: the stage count is checked only for pp > 1 (it once read
+    `n_layer` of every recipe and raised AttributeError for an MLP under Plan(dp=2))."""
+    from pipelib.model import MLPConfig
+
+    Plan(dp=2).check(Recipe(MLPConfig(), batch_size=4), world_size=2)
+    with pytest.raises(ValueError, match="tp, pp and cp split the GPT's blocks"):
+        Plan(pp=2).check(Recipe(MLPConfig(), batch_size=4), world_size=2)

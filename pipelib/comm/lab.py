@@ -139,8 +139,9 @@ def ring_shift(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int = 
         ts = []
         for i in range(warmup + repeats):
             t0 = _start(dev, group)
-            comms.wait_all([comms.irecv(into, left, group, label=f"shift {size} B", check=False),
-                            comms.isend(out, right, group, label=f"shift {size} B", check=False)])
+            comms.wait_all(comms.batch_isend_irecv([  # one exchange: on 2 ranks left is right
+                comms.P2POp("recv", into, left, group, label=f"shift {size} B"),
+                comms.P2POp("send", out, right, group, label=f"shift {size} B")], check=False))
             if i >= warmup:
                 ts.append(dev.now() - t0)
         times.append(ts)
@@ -179,6 +180,7 @@ def measure_collective(name: str = "all_reduce", sizes=DEFAULT_SIZES, repeats: i
                 info.twin(y, group)
             else:
                 info.run(y, group, **kw)
+            dev.synchronize()  # on cuda: done, not only queued
             if i >= warmup:
                 ts.append(dev.now() - t0)
         times.append(ts)
@@ -207,6 +209,7 @@ def reduce_rate(sizes=DEFAULT_SIZES, repeats: int = 5, group=None, warmup: int =
             _start(dev, group)
             t0 = time.perf_counter()
             torch.add(a, b, out=a)
+            dev.synchronize()  # on cuda the add is only launched: time the kernel, not the launch
             if i >= warmup:
                 ts.append(time.perf_counter() - t0)
         times.append(ts)

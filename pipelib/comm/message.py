@@ -126,6 +126,8 @@ class Handle:
             self._read_header()
         for w in self.works:
             w.wait()
+        if self.dev.kind == "cuda":  # NCCL's wait only orders streams: block until the bytes are in,
+            torch.cuda.current_stream().synchronize()  # so a receive's wait is timed where it happens
         if self.batch is not None and self.header is not None and self.op == "recv":
             self._mismatch()  # NCCL's rules: header and payload were posted at once (`comm.ordered`)
 

@@ -26,6 +26,7 @@ from pipelib.context_parallel.costs import forward_wait, overlap_stats
 from pipelib.context_parallel.partition import shard_pieces, split_sequence
 from pipelib.context_parallel.step import attention_inputs, attention_step
 from pipelib.context_parallel.variants import variant_info
+from pipelib.runtime.device import current
 from pipelib.runtime.place import to_rank_device
 
 
@@ -94,6 +95,7 @@ def time_rank_alone(seq_len: int, n: int, rank: int = 0, repeats: int = 3, **kw)
     for i in range(repeats + 1):
         t0 = time.perf_counter()
         work()
+        current().synchronize()  # on cuda: the work done, not only queued
         if i:
             times.append(time.perf_counter() - t0)
     return times

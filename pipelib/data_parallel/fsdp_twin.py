@@ -51,6 +51,7 @@ def fsdp_train(recipe, *, group=None, timed: bool = False) -> StepResult:
     import torch.distributed as dist
 
     from pipelib.recipe import loss_of
+    from pipelib.runtime.device import current
     from pipelib.runtime.place import to_rank_device
 
     n, r, steps = dist.get_world_size(group), dist.get_rank(group), recipe.steps
@@ -67,6 +68,7 @@ def fsdp_train(recipe, *, group=None, timed: bool = False) -> StepResult:
             grads = {k: p.grad.full_tensor().detach().clone() for k, p in zip(names, model.parameters())}
         opt.step()
         opt.zero_grad()
+        current().synchronize()  # on cuda the step is queued, not done: wait before the end stamp
         times.append(time.perf_counter() - t0)
         mean = loss.detach().clone()
         dist.all_reduce(mean, group=group)  # the whole batch's loss (untimed)

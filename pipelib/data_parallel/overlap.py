@@ -115,6 +115,7 @@ class CommStream:
         elif self.comm == "gloo":
             w, t0, flat = work.handle
             w.wait()  # gloo reports completion only here: the bar ends when it was waited
+            dev.synchronize()  # NCCL's wait only orders streams: the host waits for the bytes too
             dev.tracer.record(Kind.COLLECTIVE, f"all_reduce ({dist.get_backend(self.group)})", t0, dev.clock.now(),
                               bytes=0)
         else:

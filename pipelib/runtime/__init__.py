@@ -21,6 +21,8 @@
   back to the notebook;
 - `matching`: how point-to-point messages are matched, by tag (gloo) or by order (NCCL's rules,
   also on gloo when asked, so NCCL's hangs are errors on a laptop);
+- `measured`: timing and memory on real devices: a compute op timed by the wall clock or CUDA
+  events on its stream, memory from the CUDA allocator (`Span.allocated_peak`);
 - `clocks`: the virtual clock (modelled, deterministic) and the wall clock;
 - `memtrack`: `MemoryTracker`, bytes by category and saved activations, against a capacity;
 - `beacon`: `Activity`, what a rank is doing, readable while it is stuck;

@@ -25,6 +25,7 @@ from pipelib.costmodel import DeviceProfile, get_profile
 from pipelib.runtime.beacon import Activity
 from pipelib.runtime.clocks import CLOCKS, VirtualClock, WallClock
 from pipelib.runtime.matching import MATCHING, matching_for
+from pipelib.runtime.measured import TimedOp, allocated_bytes, allocator_reset, compute_text
 from pipelib.runtime.memtrack import MemoryTracker
 from pipelib.trace import Kind, Tracer
 
@@ -83,6 +84,7 @@ class Device:
         self.scratch: dict = {}      # pipelib.comm.ring.scratch_buffer: receive buffers kept, by (device, dtype)
         self.groups: dict = {}       # process groups made once (pipelib.runtime.mesh), by key
         self.axes: dict = {}         # id(process group) -> its mesh axis, for Event.axis
+        self.allocator_peak = 0      # cuda: the allocator's peak carried across scopes (runtime.measured)
         self.torch_device = self._torch_device()
 
     def counters(self) -> dict:
@@ -110,8 +112,11 @@ class Device:
     def _torch_device(self):
         import torch
 
-        if self.kind == "cuda":
-            torch.cuda.set_device(self.rank % torch.cuda.device_count())
+        if self.kind == "cuda":  # torchrun's LOCAL_RANK (this node's rank) when set, as NCCL's device_id
+            import os
+
+            local = os.environ.get("LOCAL_RANK")
+            torch.cuda.set_device(int(local) if local is not None else self.rank % torch.cuda.device_count())
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
@@ -121,6 +126,18 @@ class Device:
 
     def now(self) -> float:
         return self.clock.now()
+
+    def synchronize(self) -> None:
+        """Wait until this rank's GPU has done what was queued (a no-op off cuda): before the end
+        stamp of a step timer, since CUDA runs asynchronously to the host."""
+        if self.kind == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.torch_device)
+
+    def memory_now(self) -> int:
+        """Bytes held now: the CUDA allocator's `memory_allocated` on cuda, else the tracker's total."""
+        return allocated_bytes(self)
 
     @contextlib.contextmanager
     def lane(self, clock):
@@ -163,6 +180,7 @@ class Device:
         self.tracer.clear()
         self.memory.reset_peak()
         self.comm_counts.clear()
+        allocator_reset(self)
 
     def compute(self, label: str, *, flops: float | None = None, nbytes: float = 0.0,
                 duration: float | None = None, stage: int | None = None, microbatch: int | None = None):
@@ -173,7 +191,7 @@ class Device:
         devices the duration is measured (`flops`, `nbytes` and `duration` are not used).
         """
         if not self.modelled:
-            return _Measured(self, label, stage, microbatch)
+            return TimedOp(self, label, stage, microbatch)
         return self._modelled(label, flops, nbytes, duration, stage, microbatch)
 
     @contextlib.contextmanager
@@ -184,7 +202,7 @@ class Device:
 
             counter = FlopCounterMode(display=False)
         start = self.clock.now()
-        with self.activity.doing(_compute_text(label, stage, microbatch)):
+        with self.activity.doing(compute_text(label, stage, microbatch)):
             with counter if counter is not None else contextlib.nullcontext():
                 yield self
             if duration is None:
@@ -204,52 +222,6 @@ class Device:
             self.clock.advance(duration)
         else:
             self.clock.wait_until(self.clock.now() + duration)
-
-
-def _compute_text(label: str, stage, microbatch) -> str:
-    return (f"compute {label}" + (f" stage {stage}" if stage is not None else "")
-            + (f" microbatch {microbatch}" if microbatch is not None else ""))
-
-
-class _Measured:
-    """`Device.compute` on a real device: the op's wall-clock time, recorded once it ended (a
-    class, not a generator: it runs around every F, B, I and W of a pipeline step)."""
-
-    __slots__ = ("dev", "label", "stage", "microbatch", "before", "start", "events")
-
-    def __init__(self, dev: Device, label: str, stage, microbatch):
-        self.dev, self.label, self.stage, self.microbatch = dev, label, stage, microbatch
-
-    def __enter__(self):
-        activity = self.dev.activity
-        self.before = activity.text
-        activity.set(_compute_text(self.label, self.stage, self.microbatch))
-        self.events = None
-        if self.dev.kind == "cuda":  # CUDA events on the current stream: the op's own GPU time
-            import torch
-
-            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self.events[0].record()
-        self.start = self.dev.clock.now()
-        return self.dev
-
-    def __exit__(self, exc_type, exc, tb):
-        dev = self.dev
-        if exc_type is None:
-            start, end = self.start, dev.clock.now()
-            if self.events is not None:
-                # wait for this stream up to the op's end only, not the whole device: a receive
-                # posted ahead on NCCL's stream must not be waited here (it would deadlock a
-                # pipeline whose sender waits for this rank), and what the stream ran before the
-                # op is not charged to it
-                self.events[1].record()
-                self.events[1].synchronize()
-                end = dev.clock.now()
-                start = end - self.events[0].elapsed_time(self.events[1]) / 1e3
-            dev.tracer.record(Kind.COMPUTE, self.label, start, end,
-                              stage=self.stage, microbatch=self.microbatch, memory=dev.memory.total)
-        dev.activity.set(self.before)
-        return False
 
 
 class _Slot:

@@ -69,9 +69,13 @@ def _engine_init(rank, world_size, meeting, spec, epoch, activity_path, timeout,
         # controller's heartbeat is what stops such an engine (ipyparallel's max_heartbeat_misses)
         threading.Thread(target=watch_parent, daemon=True, name="pipelib-parent-watch").start()
     backend = "nccl" if spec.kind == "cuda" else "gloo"
+    # NCCL aborts the engine when an op outlives its timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING's
+    # default): give it twice the cluster's, so the cluster's own error, naming what each rank was
+    # doing, comes first; and its GPU, so NCCL does not guess (the review's W7 and M1)
+    nccl = {"device_id": dev.torch_device} if backend == "nccl" else {}
     with dev.activity.doing(f"init_process_group({backend})"):
-        dist.init_process_group(backend, store=meeting.open(world_size, timeout),
-                                rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend, store=meeting.open(world_size, timeout), rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout * (2 if nccl else 1)), **nccl)
     # torch's import leaves ~200k objects for every full collection to scan again (10-17 ms,
     # measured, on one rank in the middle of a pipeline step, where the others wait for it):
     # move them out of the collector's sight, as long-running services do (gc.freeze)

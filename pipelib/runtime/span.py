@@ -18,6 +18,7 @@ import contextlib
 from dataclasses import dataclass, field
 
 from pipelib.costmodel import get_profile
+from pipelib.runtime.measured import allocator_peak_close, allocator_peak_open
 
 
 @dataclass
@@ -29,6 +30,8 @@ class Span:
     peak_bytes:  the most memory the tracker held at any moment of the scope, all categories
     base_bytes:  what it held when the scope opened (parameters and buffers, typically)
     memory:      bytes by category when the scope closed
+    allocated_peak: on cuda, the CUDA allocator's peak during the scope (`max_memory_allocated`:
+                 everything the tracker counts and what it cannot see); None elsewhere
     """
 
     start: float
@@ -39,6 +42,7 @@ class Span:
     peak_bytes: int = 0
     base_bytes: int = 0
     memory: dict = field(default_factory=dict)
+    allocated_peak: int | None = None
 
     @property
     def time(self) -> float:
@@ -64,6 +68,7 @@ def measure_scope(dev, fresh_memory: bool = False):
         dev.memory = dev.fresh_memory()
     mem = dev.memory
     old_peak, mem.peak = mem.peak, mem.total
+    seen = allocator_peak_open(dev)
     m = Span(start=dev.clock.now(), base_bytes=mem.total)
     try:
         yield m
@@ -75,6 +80,7 @@ def measure_scope(dev, fresh_memory: bool = False):
         m.peak_bytes = mem.peak
         m.memory = dict(mem.bytes)
         mem.peak = max(old_peak, mem.peak)
+        m.allocated_peak = allocator_peak_close(dev, seen)
         if fresh_memory:
             dev.memory = outer
 
