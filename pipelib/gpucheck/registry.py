@@ -46,16 +46,18 @@ def _collective_checks() -> tuple[CheckInfo, ...]:
                            "torch.distributed's built-in", twin="built-in") for name in NAMES)
 
 
+PIPELINES = tuple("1f1b zbv".split())  # two of the registry's schedules: a plain one, and a V with the zero-bubble split
+
+
 def _strategy_checks() -> tuple[CheckInfo, ...]:
     gpt, fp32 = s.GPT_TOLERANCE, s.FP32_TOLERANCE
     return (
         CheckInfo("ddp", "strategy", s.check_ddp, gpt, ONE_PROCESS, twin="torch DDP", min_ranks=2),
         CheckInfo("zero3", "strategy", s.check_zero3, fp32, ONE_PROCESS, twin="FSDP2", min_ranks=2),
         CheckInfo("tp_sp", "strategy", s.check_tp_sp, gpt, ONE_PROCESS, twin="DTensor", min_ranks=2),
-        CheckInfo("1f1b", "pipeline", functools.partial(s.check_pipeline, "1f1b"), gpt, ONE_PROCESS,
-                  twin="torch pipelining", min_ranks=2),
-        CheckInfo("zbv", "pipeline", functools.partial(s.check_pipeline, "zbv"), gpt, ONE_PROCESS,
-                  twin="torch pipelining", min_ranks=2),
+        *(CheckInfo(name=schedule, group="pipeline", run=functools.partial(s.check_pipeline, schedule),
+                    tolerance=gpt, against=ONE_PROCESS, twin="torch pipelining", min_ranks=2)
+          for schedule in PIPELINES),
         CheckInfo("ring_attention", "strategy", s.check_ring_attention, gpt, ONE_PROCESS, min_ranks=2),
         CheckInfo("recompute", "strategy", s.check_recompute, gpt, ONE_PROCESS, min_ranks=2),
     )
