@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from pipelib.runtime.device import Device
+from pipelib.runtime.measured import stream_synchronize
 from pipelib.trace import Kind
 
 HEADER_DTYPE = torch.float64
@@ -126,8 +127,7 @@ class Handle:
             self._read_header()
         for w in self.works:
             w.wait()
-        if self.dev.kind == "cuda":  # NCCL's wait only orders streams: block until the bytes are in,
-            torch.cuda.current_stream().synchronize()  # so a receive's wait is timed where it happens
+        stream_synchronize(self.dev)  # NCCL's wait only orders streams: block until the bytes are in
         if self.batch is not None and self.header is not None and self.op == "recv":
             self._mismatch()  # NCCL's rules: header and payload were posted at once (`comm.ordered`)
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from pipelib.runtime.clocks import VirtualClock
+from pipelib.runtime.measured import stream_synchronize
 from pipelib.trace import Kind
 
 COMMS = ("pipelib", "gloo")
@@ -154,9 +155,10 @@ class BackwardTimer:
         if self.counter is not None:
             # the modelled time of the FLOPs so far (a wall clock sleeps until then)
             dev.clock.wait_until(self.start + dev.profile.compute_time(self.counter.get_total_flops()))
+        stream_synchronize(dev)  # on cuda: the gradients so far computed, not only queued (NCCL runs on)
         now = dev.clock.now()
         if now > self.mark:
-            dev.tracer.record(Kind.COMPUTE, self.label, self.mark, now, memory=dev.memory.total)
+            dev.tracer.record(Kind.COMPUTE, self.label, self.mark, now, memory=dev.memory_now())
         self.mark = now
         return now
 

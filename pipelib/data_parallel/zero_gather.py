@@ -34,6 +34,7 @@ import torch
 
 from pipelib.comm import collectives as C
 from pipelib.runtime.clocks import VirtualClock
+from pipelib.runtime.measured import stream_synchronize
 from pipelib.trace import Kind
 
 
@@ -61,9 +62,10 @@ class PassTimer:
             flops = self.counter.get_total_flops()
             dev.clock.advance(dev.profile.compute_time(flops - self.done))
             self.done = flops
+        stream_synchronize(dev)  # on cuda: this pass's kernels so far done, not only queued
         now = dev.clock.now()
         if now > self.mark:
-            dev.tracer.record(Kind.COMPUTE, self.label, self.mark, now, memory=dev.memory.total)
+            dev.tracer.record(Kind.COMPUTE, self.label, self.mark, now, memory=dev.memory_now())
         self.mark = now
 
     def resume(self) -> None:

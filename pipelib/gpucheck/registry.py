@@ -46,7 +46,7 @@ def _collective_checks() -> tuple[CheckInfo, ...]:
                            "torch.distributed's built-in", twin="built-in") for name in NAMES)
 
 
-PIPELINES = tuple("1f1b zbv".split())  # two of the registry's schedules: a plain one, and a V with the zero-bubble split
+PIPELINES = tuple("1f1b zbv".split())  # of the registry's schedules: a plain one, a V with the zero-bubble split
 
 
 def _strategy_checks() -> tuple[CheckInfo, ...]:

@@ -28,6 +28,15 @@ def allocated_bytes(dev) -> int:
     return dev.memory.total
 
 
+def stream_synchronize(dev) -> None:
+    """On cuda, wait until the current stream has run what was queued on it (its GPU work done,
+    not only launched); other streams, NCCL's among them, keep running. A no-op elsewhere."""
+    if dev.kind == "cuda":
+        import torch
+
+        torch.cuda.current_stream(dev.torch_device).synchronize()
+
+
 def allocator_reset(dev) -> None:
     """Start a new measurement of the allocator's peak (a no-op off cuda)."""
     if dev.kind == "cuda":
