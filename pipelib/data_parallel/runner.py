@@ -126,14 +126,15 @@ def _train(step, config, ranks, group, steps, batch, accumulate, bucket_bytes, c
         x, y = to_rank_device((x[r * rows:(r + 1) * rows], y[r * rows:(r + 1) * rows]))
         if not dev.modelled:
             dist.barrier(group=group)  # real devices: every rank starts the timed step together
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=dev.torch_device)  # summed on the device: no
+        # host sync between a micro-batch's backward and the next forward (a GPU keeps its queue)
         with dev.measure() as m:
             for k in range(accumulate):
                 with accumulate_context(step, wrapped, last=k == accumulate - 1):
                     with dev.compute("F"):
                         loss = loss_of(wrapped, x[k * micro:(k + 1) * micro], y[k * micro:(k + 1) * micro]) / accumulate
                     wrapped.backward(loss)
-                total += loss.item()
+                total += loss.detach().double()
             wrapped.finish_gradients()
             grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
             with dev.compute("optimizer", nbytes=28 * sum(p.numel() for p in model.parameters())):
@@ -141,7 +142,7 @@ def _train(step, config, ranks, group, steps, batch, accumulate, bucket_bytes, c
             opt.zero_grad(set_to_none=False)
         times.append(m.time)
         sent.append(m.bytes_sent)
-        lt = torch.tensor([total], device=dev.torch_device)
+        lt = total.reshape(1).float()
         dist.all_reduce(lt, group=group)  # the reported loss: the backend's own, off the trace
         losses.append(lt.item() / n)
     wrapped.close()

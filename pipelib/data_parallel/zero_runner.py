@@ -76,7 +76,8 @@ def zero_train(recipe, stage: int, *, accumulate: int = 1, group=None, timed: bo
         for step in range(steps):
             x, y = to_rank_device(recipe.batch(step, data_r, data_n))  # drawn on the CPU, then moved
             micro = x.shape[0] // accumulate
-            total = 0.0
+            total = torch.zeros((), dtype=torch.float64, device=dev.torch_device)  # summed on the device: no
+            # host sync between a micro-batch's backward and the next forward (a GPU keeps its queue)
             with dev.measure() as one:
                 for k in range(accumulate):
                     rows = slice(k * micro, (k + 1) * micro)
@@ -84,7 +85,7 @@ def zero_train(recipe, stage: int, *, accumulate: int = 1, group=None, timed: bo
                         loss = loss_of(zero, x[rows], y[rows]) / accumulate
                     with zero.timed("B"):
                         loss.backward()
-                    total += loss.item()
+                    total += loss.detach().double()
                 zero.reduce_gradients()
                 grads_now = zero.reduced_gradients() if len(losses) == steps - 1 else None
                 with dev.compute("optimizer", flops=0.0, nbytes=opt_bytes):
@@ -93,7 +94,7 @@ def zero_train(recipe, stage: int, *, accumulate: int = 1, group=None, timed: bo
                 zero.zero_grad()
             times.append(one.time)
             sent.append(one.bytes_sent)
-            mean = torch.tensor([total], device=dev.torch_device)
+            mean = total.reshape(1).float()
             dist.all_reduce(mean, group=group)  # the backend's own, untraced: the whole batch's loss, for curves
             if replicas is not None:
                 dist.all_reduce(mean, group=replicas)
