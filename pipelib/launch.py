@@ -41,13 +41,9 @@ def torchrun_env(environ=None) -> dict:
 def choose_device(device: str, env: dict, cuda_count: int) -> str:
     """"cuda" or "cpu" for this rank: `device` ("auto", "cpu" or "cuda") checked against the GPUs
     this node has (`cuda_count`) and the ranks torchrun starts on it."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"pipelib train: device={device!r}; use 'auto', 'cpu' or 'cuda'")
-    if device == "auto":
-        device = "cuda" if cuda_count else "cpu"
-    if device == "cuda" and not cuda_count:
-        raise ValueError("pipelib train: --device cuda (NCCL) on a machine without CUDA GPUs; use --device cpu "
-                         "(gloo) or run on a GPU node")
+    from pipelib.runtime.args import real_device_kind
+
+    device = real_device_kind(device, cuda_count, "pipelib train")
     if device == "cuda" and env["LOCAL_WORLD_SIZE"] > cuda_count:
         raise ValueError(f"pipelib train: {env['LOCAL_WORLD_SIZE']} ranks on this node but {cuda_count} GPU(s): NCCL "
                          f"needs one GPU per rank; use --nproc-per-node {cuda_count} or --device cpu")

@@ -27,14 +27,9 @@ def choose(device: str, world: int | None, gpus: int) -> tuple[str, int]:
     """("cuda" or "cpu", ranks) for `device` ("auto", "cuda", "cpu") and `world` (None: every GPU
     on cuda, 2 on cpu) on a machine with `gpus` GPUs; a ValueError says what to pass instead."""
     from pipelib.checks import check_int
+    from pipelib.runtime.args import real_device_kind
 
-    if device not in ("auto", "cuda", "cpu"):
-        raise ValueError(f"gpu-check: device={device!r}; use 'auto', 'cuda' or 'cpu'")
-    if device == "auto":
-        device = "cuda" if gpus else "cpu"
-    if device == "cuda" and not gpus:
-        raise ValueError("gpu-check: --device cuda on a machine without CUDA GPUs; use --device cpu (gloo on "
-                         "CPU engines) or run it on a GPU machine")
+    device = real_device_kind(device, gpus, "gpu-check")
     world = (gpus if device == "cuda" else 2) if world is None else world
     check_int(world, "--world", context="gpu-check")
     if device == "cuda" and world > gpus:

@@ -47,3 +47,17 @@ def validate_args(world_size, device, profile, clock, timeout, track_memory=None
                 f"has {have} GPU(s). {fewer} device='sim' to simulate GPUs."
             )
     return spec
+
+
+
+def real_device_kind(device: str, gpus: int, what: str) -> str:
+    """"cuda" or "cpu" for `device` ("auto", "cpu" or "cuda") on a machine with `gpus` CUDA GPUs;
+    a ValueError says what to pass instead. The command line's choice (torchrun's train, gpu-check)."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"{what}: device={device!r}; use 'auto', 'cpu' or 'cuda'")
+    if device == "auto":
+        device = "cuda" if gpus else "cpu"
+    if device == "cuda" and not gpus:
+        raise ValueError(f"{what}: --device cuda (NCCL) on a machine without CUDA GPUs; use --device cpu "
+                         f"(gloo on CPU processes) or run it on a GPU machine")
+    return device
