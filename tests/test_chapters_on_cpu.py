@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelib.book_device import BOOK_DEVICE_ENV, book_device, sim_only
+from pipelib.book_device import BOOK_DEVICE_ENV, GUARANTEES, WHY, book_device, holds_on, sim_only, simulated
+from pipelib.runtime.device import DEVICE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ("07_data_parallel", "09_tensor_parallel", "12_one_f_one_b", "14_recomputation", "17_ring_attention")
@@ -67,3 +68,21 @@ def test_sim_only_says_what_it_skips(capsys):
     assert sim_only("cpu", "the virtual clock") is False
     out = capsys.readouterr().out
     assert "skipped on DEVICE='cpu'" in out and "the virtual clock" in out
+
+
+def test_every_device_kind_says_what_it_guarantees():
+    assert tuple(GUARANTEES) == DEVICE_KINDS
+    assert all(g <= set(WHY) for g in GUARANTEES.values())
+    assert [k for k in DEVICE_KINDS if simulated(k)] == [DEVICE_KINDS[0]] == ["sim"]
+
+
+def test_holds_on_skips_gpu_only_facts_on_cuda(capsys):
+    assert holds_on("cpu", "bitwise", "equal bits") and holds_on("cpu", "gloo rendezvous", "the deadlock")
+    assert capsys.readouterr().out == ""
+    assert not holds_on("cuda", "bitwise", "equal bits")
+    out = capsys.readouterr().out
+    assert "skipped on DEVICE='cuda'] equal bits: holds where the same ops give the same bits" in out
+    with pytest.raises(ValueError, match="unknown guarantee 'exact'"):
+        holds_on("cpu", "exact", "x")
+    with pytest.raises(ValueError, match="'gpu' is not a device kind"):
+        sim_only("gpu", "x")
