@@ -63,12 +63,12 @@ def _race(sizes, repeats, seed, row, variants):
         m[:, -1] += rows - m.sum(1)
         return m
 
-    def p2p(x, ins, outs):  # the pairwise exchange in plain torch.distributed: receives first
-        xs, y = list(torch.split(x, ins)), torch.empty((sum(outs), *x.shape[1:]), dtype=x.dtype)
-        ys = list(torch.split(y, outs))
-        ys[r].copy_(xs[r])
+    def p2p(x, ins, outs):  # the same exchange in plain torch.distributed: receives first, own rows
+        xs, y = x.split_with_sizes(ins), x.new_empty((sum(outs), *x.shape[1:]))  # copied in flight
+        ys = y.split_with_sizes(outs)
         works = [dist.irecv(ys[p], p) for p in ((r - s) % n for s in range(1, n)) if outs[p]]
         works += [dist.isend(xs[p], p) for p in ((r + s) % n for s in range(1, n)) if ins[p]]
+        ys[r].copy_(xs[r])
         for w in works:
             w.wait()
         return y

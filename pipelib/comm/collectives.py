@@ -36,6 +36,7 @@ Introduced in chapter 06.
 """
 from __future__ import annotations
 
+import functools
 from types import MappingProxyType
 
 import torch
@@ -50,10 +51,6 @@ from pipelib.runtime.device import current
 from pipelib.trace import Kind
 
 _NO_FIELDS = MappingProxyType({"stage": None, "microbatch": None})
-
-
-def _dtype(tensor) -> str:
-    return str(tensor.dtype).replace("torch.", "")
 
 
 def _op_name(op) -> str:
@@ -90,10 +87,9 @@ class _Call:
             raise ValueError(f"rank {dist.get_rank()}: {name} op 'avg' on {tensor.dtype}: an integer "
                              f"average is not exact; use op='sum' and divide, or a float tensor")
         self.flight = self.dev.activity.flight  # which collective this rank is in, readable while it waits
-        self.depth, self.check = self.flight.depth, check
-        if self.n > 1:  # unchecked: the record carries the shape, for the error a mismatch ends in
-            self.flight.enter(name if check else f"{name} of {tuple(tensor.shape)} {_dtype(tensor)}, unchecked",
-                              group)
+        self.depth, self.check, self.tensor = self.flight.depth, check, tensor
+        if self.n > 1 and self.flight.map is not None:  # no file (outside a cluster): nothing to write
+            self.flight.enter(name if check else f"{name} of {self.shape}, unchecked", group)
         if check:
             try:
                 check_same(name, tensor, group, op=self.op, root=root)
@@ -101,7 +97,10 @@ class _Call:
                 self.flight.unwind(self.depth)
                 raise
         self.sent, self.t0, self.activity = 0, self.dev.clock.now(), self.dev.activity.text
-        self.shape = f"{tuple(tensor.shape)} {_dtype(tensor)}" if not check else None
+
+    @functools.cached_property
+    def shape(self) -> str | None:  # unchecked: this rank's shape, for the error a mismatch ends in
+        return None if self.check else f"{tuple(self.tensor.shape)} {str(self.tensor.dtype)[6:]}"
 
     def peer(self, offset: int) -> int:
         return (self.me + offset) % self.n

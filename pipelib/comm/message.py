@@ -77,7 +77,7 @@ class Handle:
         self.works, self.header, self.header_work = works, header, header_work
         self.t_post, self.label, self.fields = t_post, label, fields
         self.done, self.error, self.header_read = False, None, header_work is None
-        self.nbytes = tensor.numel() * tensor.element_size()
+        self.nbytes = tensor.nbytes
         self.batch = None  # NCCL's rules: the batch it was posted in (`pipelib.comm.ordered`)
         dev.outstanding[id(self)] = self
 
@@ -117,13 +117,13 @@ class Handle:
 
     def _block(self) -> None:
         """Post what is still unposted, then wait for every work of this message."""
-        if self._unposted:
-            for h in list(self.dev.outstanding.values()):  # earlier receives on this channel first
+        if self.op == "recv" and not self.works:  # unposted: earlier receives on this channel first
+            for h in list(self.dev.outstanding.values()):
                 if h._unposted and (h.peer, h.group, h.tag) == (self.peer, self.group, self.tag):
                     h._post_payload()
                 if h is self:
                     break
-        else:
+        elif not self.header_read:
             self._read_header()
         for w in self.works:
             w.wait()
@@ -147,9 +147,9 @@ class Handle:
         dev.outstanding.pop(id(self), None)
         if self.error is not None:
             raise self.error
-        if self.buf is not self.tensor and self.op == "recv":
-            self.tensor.copy_(self.buf.view_as(self.tensor))
         if self.op == "recv":
+            if self.buf is not self.tensor:
+                self.tensor.copy_(self.buf.view_as(self.tensor))
             c = dev.counters()
             c["bytes_received"] += self.nbytes
             c["messages_received"] += 1

@@ -104,20 +104,23 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
         output_splits = check_splits("output_splits", output_splits, sum(int(v) for v in output_splits), n)
         if check:
             agree_on_splits(name, input_splits, output_splits, group)
-    x = tensor.contiguous()
-    ins = list(torch.split(x, input_splits, dim=0))
-    out = torch.empty((sum(output_splits), *x.shape[1:]), dtype=x.dtype, device=x.device)
-    outs = list(torch.split(out, output_splits, dim=0))
-    outs[me].copy_(ins[me])
+    x = tensor.contiguous()  # views of dim 0, as torch.split's (its Python wrapper costs a call)
+    ins = x.split_with_sizes(input_splits)
+    out = x.new_empty((sum(output_splits), *x.shape[1:]))  # x's dtype and device
+    outs = out.split_with_sizes(output_splits)
     if c.dev.modelled:  # the alpha-beta model's pairwise rounds, one after the other
+        outs[me].copy_(ins[me])
         for s in range(1, n):
             dst, src = c.peer(s), c.peer(-s)
             c.step("all-to-all", s - 1, dst, send=ins[dst], dst=dst, recv=outs[src], src=src)
         return c.done(out)
     # a real link: every receive posted first, then every send, all in flight at once (gloo
     # sends are rendezvous: a receive already up lets each send's bytes go at once); a pair
-    # that exchanges no rows sends no message, as both sides know from the splits
+    # that exchanges no rows sends no message, as both sides know from the splits. The rows a
+    # rank keeps are copied while the others travel (disjoint rows of `out`).
     items = [("recv", outs[src], c.glob(src), s - 1, src) for s in range(1, n) if output_splits[src := c.peer(-s)]]
     items += [("send", ins[dst], c.glob(dst), s - 1, dst) for s in range(1, n) if input_splits[dst := c.peer(s)]]
-    comms.wait_all(c.post_all("all-to-all", items))
+    handles = c.post_all("all-to-all", items)
+    outs[me].copy_(ins[me])
+    comms.wait_all(handles)
     return c.done(out)
