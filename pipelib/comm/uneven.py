@@ -45,7 +45,7 @@ from pipelib.runtime.device import current
 def check_splits(what: str, splits, total: int, n: int, name: str = "all_to_all_uneven") -> list[int]:
     """`splits` as a list of n non-negative ints summing to `total`; a ValueError names them."""
     out = [int(v) for v in splits]
-    if len(out) != n or any(v < 0 for v in out) or sum(out) != total:
+    if len(out) != n or min(out) < 0 or sum(out) != total:  # n >= 1: min of a non-empty list
         raise ValueError(f"rank {dist.get_rank()}: {name}: {what}={out} on a group of {n} ranks; pass {n} "
                          f"non-negative row counts summing to {total} (the rows this rank "
                          f"{'sends' if what == 'input_splits' else 'receives'})")
@@ -101,7 +101,8 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
         # n int64 on every rank by construction, and the ranks were checked above: no second check
         output_splits = exchange_splits(input_splits, group, label=f"{label or name}: splits", check=False)
     else:
-        output_splits = check_splits("output_splits", output_splits, sum(int(v) for v in output_splits), n)
+        output_splits = [int(v) for v in output_splits]
+        output_splits = check_splits("output_splits", output_splits, sum(output_splits), n)
         if check:
             agree_on_splits(name, input_splits, output_splits, group)
     x = tensor.contiguous()  # views of dim 0, as torch.split's (its Python wrapper costs a call)
