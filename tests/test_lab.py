@@ -43,10 +43,12 @@ pytestmark = pytest.mark.book
 ROOT = Path(__file__).resolve().parents[1]
 LAB_MARK = "PIPELIB_LAB_TEST"
 
-# Chapters run in full under Lab: 04 (the engine cluster, figures), 12 (pipeline timelines) and
-# 13 (the schedule explorer widget), about 1 to 1.5 min each on 2 cores. Every chapter from 13 on
-# whose code uses ipywidgets is added automatically.
-LAB_CHAPTERS = ["04", "12", "13"]
+# Chapters run in full under Lab: 12 (the engine cluster, pipeline timelines, "Run on cluster"
+# after the chapter stopped its cluster) and 13 (the schedule explorer widget), about 30 s each on
+# 2 cores. Every chapter from 13 on whose code uses ipywidgets is added automatically. Chapter 04
+# (the cluster's first figures) was one too until CI's time went to the chapters on real CPU
+# engines and NCCL's matching rules (issue 26); PIPELIB_LAB_CHAPTERS=04 still runs it.
+LAB_CHAPTERS = ["12", "13"]
 WIDGET_USE = re.compile(r"ipywidgets|\bexplorer\(")
 CELL_TIMEOUT_S = 600
 

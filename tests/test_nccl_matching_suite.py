@@ -3,8 +3,9 @@ rules on gloo (PIPELIB_P2P_MATCHING=nccl, `pipelib.runtime.matching`): no tags, 
 batched, a receive posted before a send to the same peer refused. So the hangs and mismatches
 NCCL would give on GPUs are failures here, on a laptop (issue 26).
 
-One subprocess runs the modules that send messages between ranks; the pure ones (schedules,
-formulas, figures) and the timing demos of gloo's own rendezvous are left to the main run.
+One subprocess runs the modules that send pipelib's messages between ranks (not all of them: CI's
+time is kept near 20 minutes); the pure ones (schedules, formulas, figures), the timing demos of
+gloo's own rendezvous and torch's twins are left to the main run.
 Tests of gloo's own matching are marked `gloo_matching` and skip themselves there, saying why.
 """
 import os
@@ -19,22 +20,21 @@ MODULES = [
     "tests/comm/test_p2p.py", "tests/comm/test_collectives.py", "tests/comm/test_algorithms.py",
     "tests/comm/test_uneven_all_to_all.py", "tests/comm/test_matching.py",
     "tests/pipeline/test_step.py", "tests/pipeline/test_gpt.py", "tests/pipeline/test_paired.py",
-    "tests/pipeline/test_handwritten.py", "tests/pipeline/test_torch_twin.py",
-    "tests/data_parallel/test_ddp.py", "tests/data_parallel/test_ddp_errors.py",
-    "tests/data_parallel/test_ddp_hooks.py", "tests/data_parallel/test_zero.py",
-    "tests/data_parallel/test_zero_prefetch.py", "tests/data_parallel/test_fsdp.py",
-    "tests/data_parallel/test_replicas.py",
+    "tests/pipeline/test_handwritten.py",
+    "tests/data_parallel/test_ddp.py", "tests/data_parallel/test_zero.py", "tests/data_parallel/test_zero_prefetch.py",
     "tests/tensor_parallel/test_tp_cluster.py", "tests/tensor_parallel/test_tp_overlap.py",
-    "tests/context_parallel/test_context_parallel.py", "tests/context_parallel/test_cp_model_step.py",
-    "tests/context_parallel/test_ring_gqa.py",
+    "tests/context_parallel/test_context_parallel.py", "tests/context_parallel/test_ring_gqa.py",
 ]
+# left to the main run: error paths that wait for a timeout, and torch's own implementations
+# (their messages never pass through pipelib's point-to-point layer)
+DESELECT = "not never_arrives and not without_a_cluster[torch] and not gloo_switch"
 
 
 @pytest.mark.cluster
 def test_message_passing_tests_pass_under_nccl_matching_rules():
     env = {**os.environ, "PIPELIB_P2P_MATCHING": "nccl"}
     run = subprocess.run([sys.executable, "-m", "pytest", *MODULES, "-q", "-p", "no:cacheprovider", "-x",
-                          "--tb=short", "-o", "addopts="], cwd=ROOT, env=env, capture_output=True,
+                          "--tb=short", "-o", "addopts=", "-k", DESELECT], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=1200)
     tail = (run.stdout + run.stderr)[-6000:]
     assert run.returncode == 0, f"under NCCL's matching rules:\n{tail}"
