@@ -17,10 +17,11 @@ rows for rank r+s and receives those of rank r-s; on a simulated device the step
 the other (the alpha-beta model's (n-1) alpha + bytes / beta; zero rows is a message of zero
 bytes, which still pays alpha), on a real one every receive is posted, then every send, all in
 flight at once, and a pair with no rows to exchange sends nothing (both sides know it from the
-splits). Posting the receives first lets each send go at once (gloo sends are rendezvous). On an
-idle 16-core machine pipelib's dispatch + combine ran at 0.82-1.26 of gloo's `all_to_all_single`
-at 1-16 MiB per rank on 2 ranks and 0.88-1.11 on 4 (bench/expert_parallel.py --spawn; a
-receive and a send per step, empty pairs sent: 0.75-1.08 in a paired A/B). Rank r sends
+splits). Posting the receives first lets each send go at once (gloo sends are rendezvous); under
+NCCL's rules they are all one batch. On an idle 16-core machine pipelib's dispatch + combine ran
+at 0.82-1.26 of gloo's `all_to_all_single` at 1-16 MiB per rank on 2 ranks and 0.88-1.11 on 4
+(bench/expert_parallel.py --spawn, before the per-call bookkeeping was cut by about a third;
+not measured on an idle machine since). Rank r sends
 exactly (sum(in) - in[r]) rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
 
 The agreement check (``check=True``) compares dtype and row shape on every rank, and, when both
