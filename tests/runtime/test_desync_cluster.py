@@ -29,9 +29,9 @@ def c3():
 
 @pytest.fixture
 def cluster(c3):
-    yield c3
-    if c3._broken:
+    if c3._broken:  # restarted before the next test, not after the last one (a restart costs seconds)
         c3.restart()
+    return c3
 
 
 # ----------------------------------------------------------------------------- engine functions
