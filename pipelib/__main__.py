@@ -28,17 +28,6 @@ import os
 import sys
 
 
-def gpu_of(environ, gpus: int) -> int:
-    """This process's GPU under torchrun: LOCAL_RANK (its rank on this node) when set, else RANK
-    modulo the node's GPUs; a ValueError when the node has fewer GPUs than that."""
-    local = environ.get("LOCAL_RANK")
-    index = int(local) if local is not None else int(environ["RANK"]) % gpus
-    if index >= gpus:
-        raise ValueError(f"pipelib check: LOCAL_RANK={index} but this node has {gpus} GPU(s): NCCL needs one "
-                         f"GPU per rank; use --nproc-per-node {gpus} or fewer, or --device cpu")
-    return index
-
-
 def ping_neighbours(x, y, rank: int, world: int) -> None:
     """Send x to rank + 1 and receive y from rank - 1 as one exchange, traced by pipelib's
     messages. NCCL matches messages by their order between two ranks, not by tag, and runs a
@@ -55,29 +44,21 @@ def check(device: str) -> int:
     import torch
     import torch.distributed as dist
 
+    from pipelib.runtime.args import real_device_kind
     from pipelib.runtime.device import Device, DeviceSpec, set_current
 
     if "RANK" not in os.environ:
         print("run me under torchrun: torchrun --nproc-per-node 2 -m pipelib check", file=sys.stderr)
         return 2
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if device == "auto":
-        device = "cuda" if gpus else "cpu"
-    if device == "cuda" and not gpus:
-        print("pipelib check: --device cuda (NCCL) on a machine without CUDA GPUs; use --device cpu (gloo)",
-              file=sys.stderr)
-        return 2
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     try:
-        gpu = gpu_of(os.environ, gpus) if device == "cuda" else None
+        device = real_device_kind(device, gpus, "pipelib check")
+        dev = set_current(Device(rank, world, DeviceSpec(device)))  # on cuda: LOCAL_RANK's GPU (`gpu_of`)
     except ValueError as e:
-        print(e, file=sys.stderr)
+        print(e if str(e).startswith("pipelib check") else f"pipelib check: {e}", file=sys.stderr)
         return 2
-    dev = set_current(Device(rank, world, DeviceSpec(device)))
-    kw = {}
-    if gpu is not None:  # this node's GPU of the rank, and NCCL told it (it need not guess from the rank)
-        torch.cuda.set_device(gpu)
-        dev.torch_device = kw["device_id"] = torch.device("cuda", gpu)
+    kw = {"device_id": dev.torch_device} if device == "cuda" else {}  # NCCL told its GPU, not guessing
     dist.init_process_group("nccl" if device == "cuda" else "gloo", **kw)
     try:
         x = torch.full((1 << 20,), float(rank), device=dev.torch_device)

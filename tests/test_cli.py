@@ -33,7 +33,7 @@ def test_torchrun_check_two_ranks_under_nccls_matching_rules():
 
 
 def test_check_takes_the_gpu_of_local_rank():
-    from pipelib.__main__ import gpu_of
+    from pipelib.runtime.device import gpu_of
 
     assert gpu_of({"RANK": "9", "LOCAL_RANK": "1"}, 8) == 1       # node 1's second rank: its GPU 1
     assert gpu_of({"RANK": "9"}, 8) == 1                          # no LOCAL_RANK: RANK modulo the GPUs

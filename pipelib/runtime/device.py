@@ -112,11 +112,10 @@ class Device:
     def _torch_device(self):
         import torch
 
-        if self.kind == "cuda":  # torchrun's LOCAL_RANK (this node's rank) when set, as NCCL's device_id
+        if self.kind == "cuda":
             import os
 
-            local = os.environ.get("LOCAL_RANK")
-            torch.cuda.set_device(int(local) if local is not None else self.rank % torch.cuda.device_count())
+            torch.cuda.set_device(gpu_of({"RANK": self.rank, **os.environ}, torch.cuda.device_count()))
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
@@ -222,6 +221,17 @@ class Device:
             self.clock.advance(duration)
         else:
             self.clock.wait_until(self.clock.now() + duration)
+
+
+def gpu_of(environ, gpus: int) -> int:
+    """This rank's GPU: torchrun's LOCAL_RANK (its rank on this node) when set, else RANK modulo
+    the node's GPUs; a ValueError when the node has fewer GPUs than that."""
+    local = environ.get("LOCAL_RANK")
+    index = int(local) if local is not None else int(environ["RANK"]) % gpus
+    if index >= gpus:
+        raise ValueError(f"LOCAL_RANK={index} but this node has {gpus} GPU(s): NCCL needs one GPU per rank; "
+                         f"use --nproc-per-node {gpus} or fewer, or --device cpu")
+    return index
 
 
 class _Slot:
