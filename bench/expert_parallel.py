@@ -63,11 +63,14 @@ def _race(sizes, repeats, seed, row, variants):
         m[:, -1] += rows - m.sum(1)
         return m
 
-    def p2p(x, ins, outs):  # the same exchange in plain torch.distributed: receives first, own rows
-        xs, y = x.split_with_sizes(ins), x.new_empty((sum(outs), *x.shape[1:]))  # copied in flight
-        ys = y.split_with_sizes(outs)
-        works = [dist.irecv(ys[p], p) for p in ((r - s) % n for s in range(1, n)) if outs[p]]
-        works += [dist.isend(xs[p], p) for p in ((r + s) % n for s in range(1, n)) if ins[p]]
+    def p2p(x, ins, outs):  # the same exchange in plain torch.distributed: step s sends to r+s, then
+        xs, y = x.split_with_sizes(ins), x.new_empty((sum(outs), *x.shape[1:]))  # receives from r-s;
+        ys = y.split_with_sizes(outs)  # own rows copied in flight
+        works = []
+        for s in range(1, n):
+            dst, src = (r + s) % n, (r - s) % n
+            works += [dist.isend(xs[dst], dst)] if ins[dst] else []
+            works += [dist.irecv(ys[src], src)] if outs[src] else []
         ys[r].copy_(xs[r])
         for w in works:
             w.wait()

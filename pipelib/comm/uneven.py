@@ -15,13 +15,12 @@ are exchanged by an even `all_to_all` of n integers (its own COLLECTIVE event, l
 ``"all_to_all: <label>: splits"``) before the rows move. Pairwise exchange: step s = 1..n-1 sends the
 rows for rank r+s and receives those of rank r-s; on a simulated device the steps run one after
 the other (the alpha-beta model's (n-1) alpha + bytes / beta; zero rows is a message of zero
-bytes, which still pays alpha), on a real one every receive is posted, then every send, all in
-flight at once, and a pair with no rows to exchange sends nothing (both sides know it from the
-splits). Posting the receives first lets each send go at once (gloo sends are rendezvous); under
-NCCL's rules they are all one batch. On an idle 16-core machine pipelib's dispatch + combine ran
-at 0.82-1.26 of gloo's `all_to_all_single` at 1-16 MiB per rank on 2 ranks and 0.88-1.11 on 4
-(bench/expert_parallel.py --spawn, before the per-call bookkeeping was cut by about a third;
-not measured on an idle machine since). Rank r sends
+bytes, which still pays alpha), on a real one step s's send then its receive are posted for
+every step, all in flight at once (gloo's own order), and a pair with no rows to exchange sends
+nothing (both sides know it from the splits); under NCCL's rules they are all one batch. On an
+idle 16-core machine pipelib's dispatch + combine ran at 0.82-1.26 of gloo's `all_to_all_single`
+at 1-16 MiB per rank on 2 ranks and 0.88-1.11 on 4 (bench/expert_parallel.py --spawn, with
+every receive posted before the sends, an order that measured slower since). Rank r sends
 exactly (sum(in) - in[r]) rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
 
 The agreement check (``check=True``) compares dtype and row shape on every rank, and, when both
@@ -116,12 +115,18 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
             dst, src = c.peer(s), c.peer(-s)
             c.step("all-to-all", s - 1, dst, send=ins[dst], dst=dst, recv=outs[src], src=src)
         return c.done(out)
-    # a real link: every receive posted first, then every send, all in flight at once (gloo
-    # sends are rendezvous: a receive already up lets each send's bytes go at once); a pair
-    # that exchanges no rows sends no message, as both sides know from the splits. The rows a
-    # rank keeps are copied while the others travel (disjoint rows of `out`).
-    items = [("recv", outs[src], c.glob(src), s - 1, src) for s in range(1, n) if output_splits[src := c.peer(-s)]]
-    items += [("send", ins[dst], c.glob(dst), s - 1, dst) for s in range(1, n) if input_splits[dst := c.peer(s)]]
+    # a real link: step by step the send to r+s then the receive from r-s, all in flight at
+    # once, gloo's own alltoallv order (in plain torch on 2 and 4 ranks at 1-4 MiB, every receive
+    # first ran at 0.63-0.88 of gloo, this order at 0.83-1.00); a pair that exchanges no rows
+    # sends no message, as both sides know from the splits.
+    # The rows a rank keeps are copied while the others travel (disjoint rows of `out`).
+    items = []
+    for s in range(1, n):
+        dst, src = c.peer(s), c.peer(-s)
+        if input_splits[dst]:
+            items.append(("send", ins[dst], c.glob(dst), s - 1, dst))
+        if output_splits[src]:
+            items.append(("recv", outs[src], c.glob(src), s - 1, src))
     handles = c.post_all("all-to-all", items)
     outs[me].copy_(ins[me])
     comms.wait_all(handles)
