@@ -20,8 +20,11 @@ every step, all in flight at once (gloo's own order), and a pair with no rows to
 nothing (both sides know it from the splits); under NCCL's rules they are all one batch. On an
 idle 16-core machine pipelib's dispatch + combine ran at 0.82-1.26 of gloo's `all_to_all_single`
 at 1-16 MiB per rank on 2 ranks and 0.88-1.11 on 4 (bench/expert_parallel.py --spawn, with
-every receive posted before the sends, an order that measured slower since). Rank r sends
-exactly (sum(in) - in[r]) rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
+every receive posted before the sends, an order that measured slower since). In this order on
+2 shared cores (three runs of 61 rounds): 0.74-0.98 on 4 ranks at 1-16 MiB; on 2 ranks 0.86-1.17
+at 4-16 MiB and 0.64-0.78 at 1 MiB, where a quarter of the rows travel and the tens of
+microseconds of pipelib's bookkeeping per call show. Rank r sends exactly (sum(in) - in[r])
+rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
 
 The agreement check (``check=True``) compares dtype and row shape on every rank, and, when both
 splits are given, that what rank i sends to j is what j expects from i: ranks that computed

@@ -130,3 +130,68 @@ def test_bad_splits_are_value_errors(cluster4, kind, pattern):
     with pytest.raises(RankError, match=pattern):
         cluster4.run(_bad, kind)
     assert cluster4.run(_traced, [[1] * 4] * 4)  # usable again
+
+
+def _spawned_exchanges():
+    """3 spawned CPU ranks, no cluster: every split of `_splits` under both matching rules (gloo's
+    tagged messages, NCCL's one batch), on the world and a 2-rank subgroup; what each rank
+    received, counted and traced."""
+    import torch
+    import torch.distributed as dist
+
+    from pipelib.comm.registry import collective_info
+    from pipelib.runtime.device import Device, DeviceSpec, current, set_current
+    from pipelib.runtime.matching import MATCHING
+    from pipelib.trace import Kind
+
+    r, info, out = dist.get_rank(), collective_info("all_to_all_uneven"), {}
+    pair = dist.new_group([1, 2])
+    for matching in MATCHING:
+        for ranks, g in (((0, 1, 2), None), ((1, 2), pair)):
+            if r not in ranks:
+                continue
+            n, me = len(ranks), ranks.index(r)
+            for seed in (4, 5, 6):
+                set_current(Device(r, 3, DeviceSpec("cpu", matching=matching)))
+                m = _splits(n, seed)
+                ins, outs = m[me], [m[i][me] for i in range(n)]
+                x = torch.randn(sum(ins), 3, generator=torch.Generator().manual_seed(seed * 10 + r))
+                got = info.run(x, g, input_splits=ins, output_splits=outs, label="t")
+                dev = current()
+                sends = [e for e in dev.tracer.events if e.kind == Kind.SEND]
+                waits = [e for e in dev.tracer.events if e.kind == Kind.RECV_WAIT]
+                coll = [e for e in dev.tracer.events if e.kind == Kind.COLLECTIVE]
+                out[matching, ranks, seed] = {
+                    "equal": torch.equal(got, info.twin(x, g, input_splits=ins, output_splits=outs)),
+                    "sent": sum(e.bytes for e in sends), "want_sent": (sum(ins) - ins[me]) * 12,
+                    "collective": [e.bytes for e in coll],
+                    "peers": sorted(e.peer for e in sends),
+                    "want_peers": sorted(ranks[j] for j in range(n) if j != me and ins[j]),
+                    "waits": sorted(e.peer for e in waits),
+                    "want_waits": sorted(ranks[i] for i in range(n) if i != me and outs[i]),
+                    "counters": dict(dev.counters()),
+                    "want_received": (sum(outs) - outs[me]) * 12,
+                    "outstanding": len(dev.outstanding),
+                }
+    set_current(None)
+    return out
+
+
+def test_spawned_cpu_ranks_under_both_rules_send_receive_count_and_trace_every_row():
+    """Real CPU ranks, no cluster: under gloo's rules and NCCL's (one batch) the rows are the
+    twin's, with one SEND per peer that gets rows, one RECV_WAIT per peer that sends some, the
+    counters' bytes and messages, and nothing left outstanding."""
+    from pipelib.runtime.matching import MATCHING_ENV
+    from pipelib.runtime.spawn import run_spawned
+
+    bad = []
+    for r, out in enumerate(run_spawned(_spawned_exchanges, 3, timeout=180, env={MATCHING_ENV: ""})):
+        assert len(out) == (12 if r else 6)
+        for case, f in out.items():
+            c = f["counters"]
+            if not (f["equal"] and f["sent"] == f["want_sent"] == c["bytes_sent"] == f["collective"][0]
+                    and f["peers"] == f["want_peers"] and f["waits"] == f["want_waits"]
+                    and c["bytes_received"] == f["want_received"] and f["outstanding"] == 0
+                    and c["messages_sent"] == len(f["peers"]) and c["messages_received"] == len(f["waits"])):
+                bad.append(f"rank {r} {case}: {f}")
+    assert bad == []
