@@ -25,7 +25,9 @@ profile's link).
 
 `post_send` / `post_recv` are `isend` / `irecv` without the argument checks, for callers that
 check their peers once (the collectives of chapter 06 post thousands of messages; every
-microsecond of bookkeeping per message shows at small sizes).
+microsecond of bookkeeping per message shows at small sizes). `Posted` posts a whole exchange on a
+real device under gloo's rules first and does the bookkeeping while it travels (chapter 16's
+uneven all-to-all).
 
 Introduced in chapter 04; chapter 05 is about these functions.
 """
@@ -50,8 +52,8 @@ from pipelib.runtime.device import current
 from pipelib.trace import Kind
 
 __all__ = ["isend", "irecv", "send", "recv", "wait_all", "P2POp", "batch_isend_irecv", "sendrecv",
-           "counters", "reset_counters", "post_send", "post_recv", "post_batch", "Handle", "DTYPES", "DTYPE_CODE",
-           "MessageMismatchError"]  # the last four are defined in pipelib.comm.message
+           "counters", "reset_counters", "post_send", "post_recv", "post_batch", "Posted", "Handle", "DTYPES",
+           "DTYPE_CODE", "MessageMismatchError"]  # the last four are defined in pipelib.comm.message
 
 
 def _check_peer(peer: int, group, what: str) -> int:
@@ -158,6 +160,57 @@ def post_batch(items, group, tag: int, fields: dict, check: bool) -> list[Handle
                             batched=True)
     return [(post_send if op == "send" else post_recv)(t, peer, group, tag, label, fields, check)
             for op, t, peer, label in items]
+
+
+class Posted:
+    """Messages posted at once as raw torch works (a real device under gloo's rules, no headers,
+    sizes agreed by the caller): ``items = [(op, contiguous tensor, global peer, step, chunk)]``,
+    labelled "<name> step <step> chunk <chunk>" as the collectives' messages are. Nothing but the
+    posting happens before the last is up: the caller does its bookkeeping while they travel,
+    then `wait` records what `post_send` and a Handle's wait would (SEND, RECV_WAIT, counters,
+    the beacon) and returns the bytes sent. On an error the works not waited yet stay with the
+    device as Handles (gloo crashes on a dropped work). The uneven all-to-all of every MoE layer
+    posts so: each microsecond before a rank's receives are up delays its peers' bytes."""
+
+    __slots__ = ("dev", "items", "works", "group", "tag", "t_post", "name")
+
+    def __init__(self, items, group, tag: int, name: str):
+        self.works = [(dist.isend if op == "send" else dist.irecv)(t, peer, group=group, tag=2 * tag)
+                      for op, t, peer, _, _ in items]
+        self.dev, self.items, self.group, self.tag, self.name = current(), items, group, tag, name
+        self.t_post = self.dev.clock.now()
+
+    def wait(self, fields: dict) -> int:
+        dev, t_post, record, name = self.dev, self.t_post, self.dev.tracer.record, self.name
+        if dev.axes:
+            fields = _with_axis(dev, self.group, fields)
+        labelled = [(op, t, peer, f"{name} step {step} chunk {chunk}", w)
+                    for (op, t, peer, step, chunk), w in zip(self.items, self.works)]
+        sent = [(t.nbytes, peer, label) for op, t, peer, label, _ in labelled if op == "send"]
+        for nbytes, peer, label in sent:
+            record(Kind.SEND, label, t_post, t_post, peer=peer, bytes=nbytes, **fields)
+        waits = [m for m in labelled if m[0] == "recv"] + [m for m in labelled if m[0] == "send"]
+        froms = sorted(peer for op, _, peer, _, _ in waits if op == "recv")
+        got, done = 0, 0
+        with dev.activity.doing(f"{name}: recv from ranks {froms}, send to ranks {[p for _, p, _ in sent]}, waiting"):
+            try:
+                for op, t, peer, label, w in waits:
+                    start = dev.clock.now()
+                    w.wait()
+                    done += 1
+                    if op == "recv":
+                        got += t.nbytes
+                        record(Kind.RECV_WAIT, label, start, dev.clock.now(), peer=peer, bytes=t.nbytes, **fields)
+            except BaseException:
+                for op, t, peer, label, w in waits[done:]:  # kept until waited, as every Handle is
+                    Handle(dev, op, t, t, peer, self.group, self.tag, [w], None, None, t_post, label, fields)
+                raise
+        c = dev.counters()
+        c["bytes_sent"] += sum(nbytes for nbytes, _, _ in sent)
+        c["messages_sent"] += len(sent)
+        c["bytes_received"] += got
+        c["messages_received"] += len(froms)
+        return sum(nbytes for nbytes, _, _ in sent)
 
 
 def _with_axis(dev, group, fields: dict) -> dict:

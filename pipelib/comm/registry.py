@@ -21,6 +21,7 @@ Introduced in chapter 06.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -203,8 +204,8 @@ class CollectiveInfo:
     twin_even: bool = False                  # the built-in itself needs dim 0 divisible by n
     run_shape: Callable | None = None        # (shape, n) -> the shape `run` passes on, if not shape
 
-    @property
-    def implementation(self) -> Callable:  # the from-scratch function, imported on first use
+    @functools.cached_property
+    def implementation(self) -> Callable:  # the from-scratch function, imported on first use, kept
         return getattr(import_module(f"pipelib.comm.{self.module}"), self.name)
 
     def run(self, tensor, group=None, *, root: int = 0, op: str = "sum", **kw):

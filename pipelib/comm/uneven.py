@@ -17,14 +17,14 @@ rows for rank r+s and receives those of rank r-s; on a simulated device the step
 the other (the alpha-beta model's (n-1) alpha + bytes / beta; zero rows is a message of zero
 bytes, which still pays alpha), on a real one step s's send then its receive are posted for
 every step, all in flight at once (gloo's own order), and a pair with no rows to exchange sends
-nothing (both sides know it from the splits); under NCCL's rules they are all one batch. On an
-idle 16-core machine pipelib's dispatch + combine ran at 0.82-1.26 of gloo's `all_to_all_single`
-at 1-16 MiB per rank on 2 ranks and 0.88-1.11 on 4 (bench/expert_parallel.py --spawn, with
-every receive posted before the sends, an order that measured slower since). In this order on
-2 shared cores (three runs of 61 rounds): 0.74-0.98 on 4 ranks at 1-16 MiB; on 2 ranks 0.86-1.17
-at 4-16 MiB and 0.64-0.78 at 1 MiB, where a quarter of the rows travel and the tens of
-microseconds of pipelib's bookkeeping per call show. Rank r sends exactly (sum(in) - in[r])
-rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
+nothing (both sides know it from the splits); under NCCL's rules they are all one batch. The
+MoE layer's call (counts known, ``check=False``) under gloo's rules posts its rows before any
+other work (`p2p.Posted`): on 2 shared cores, where every microsecond of Python before a rank's
+receives are up delays its peers' bytes, that took pipelib's dispatch + combine at 1 MiB per
+rank on 2 ranks from 0.64-0.78 of gloo's `all_to_all_single` to 0.88-0.98. Three runs of
+`bench/expert_parallel.py --spawn --repeats 61` then gave 0.88-1.18 on 2 ranks and 0.85-0.96
+on 4 at 1-16 MiB per rank (the median of the three 0.90-1.17 at every size). Rank r sends
+exactly (sum(in) - in[r]) rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
 
 The agreement check (``check=True``) compares dtype and row shape on every rank, and, when both
 splits are given, that what rank i sends to j is what j expects from i: ranks that computed
@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 
 from pipelib.comm import p2p as comms
-from pipelib.comm.agreement import CollectiveMismatchError, gather_rows
-from pipelib.comm.collectives import _Call, all_to_all
+from pipelib.comm.agreement import COLLECTIVE_TAG, CollectiveMismatchError, gather_rows
+from pipelib.comm.collectives import _NO_FIELDS, _Call, all_to_all
 from pipelib.comm.registry import chunk_sizes
 from pipelib.runtime.device import current
 
@@ -96,6 +96,9 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
                              f"input_splits; pass both, input_splits alone, or neither (even chunks)")
         input_splits = chunk_sizes(tensor.shape[0], n)
     input_splits = check_splits("input_splits", input_splits, tensor.shape[0], n)
+    dev = current()
+    if not (even or check or output_splits is None or dev.modelled or dev.matching.by_order or me < 0):
+        return _rows_first(tensor, input_splits, output_splits, group, label, n, me)  # the MoE layer's call
     # even chunks: every rank passes the same shape, checked whole; uneven: the row shape only
     c = _Call(name, tensor if even else tensor.new_empty((0, *tensor.shape[1:])), group, check=check, label=label)
     if even:
@@ -133,4 +136,26 @@ def all_to_all_uneven(tensor, input_splits=None, output_splits=None, group=None,
     handles = c.post_all("all-to-all", items)
     outs[me].copy_(ins[me])
     comms.wait_all(handles)
+    return c.done(out)
+
+
+def _rows_first(tensor, input_splits, output_splits, group, label, n: int, me: int):
+    """`all_to_all_uneven` with the counts known and unchecked on a real link under gloo's rules:
+    the rows are posted first (`p2p.Posted`), the COLLECTIVE's bookkeeping done while they travel."""
+    t0 = current().clock.now()
+    output_splits = check_splits("output_splits", [int(v) for v in output_splits], sum(output_splits), n)
+    x = tensor.contiguous()
+    ins, out = x.split_with_sizes(input_splits), x.new_empty((sum(output_splits), *x.shape[1:]))
+    outs, items = out.split_with_sizes(output_splits), []
+    for s in range(1, n):  # the order of the path with Handles below
+        dst, src = (me + s) % n, (me - s) % n
+        if input_splits[dst]:
+            items.append(("send", ins[dst], dst if group is None else dist.get_global_rank(group, dst), s - 1, dst))
+        if output_splits[src]:
+            items.append(("recv", outs[src], src if group is None else dist.get_global_rank(group, src), s - 1, src))
+    posted = comms.Posted(items, group, COLLECTIVE_TAG, "all_to_all_uneven all-to-all")
+    c = _Call("all_to_all_uneven", tensor.new_empty((0, *tensor.shape[1:])), group, check=False, label=label)
+    c.t0 = t0
+    outs[me].copy_(ins[me])
+    c.sent += posted.wait(_NO_FIELDS)
     return c.done(out)

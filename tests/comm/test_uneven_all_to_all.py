@@ -133,8 +133,9 @@ def test_bad_splits_are_value_errors(cluster4, kind, pattern):
 
 
 def _spawned_exchanges():
-    """3 spawned CPU ranks, no cluster: every split of `_splits` under both matching rules (gloo's
-    tagged messages, NCCL's one batch), on the world and a 2-rank subgroup; what each rank
+    """3 spawned CPU ranks, no cluster: splits of `_splits` under both matching rules (gloo's
+    tagged messages, NCCL's one batch), on the world and a 2-rank subgroup, checked and not (the
+    MoE layer's call, whose rows go first under gloo's rules: `p2p.Posted`); what each rank
     received, counted and traced."""
     import torch
     import torch.distributed as dist
@@ -151,17 +152,17 @@ def _spawned_exchanges():
             if r not in ranks:
                 continue
             n, me = len(ranks), ranks.index(r)
-            for seed in (4, 5, 6):
+            for seed, check in ((4, True), (5, True), (4, False), (5, False), (6, False)):
                 set_current(Device(r, 3, DeviceSpec("cpu", matching=matching)))
                 m = _splits(n, seed)
                 ins, outs = m[me], [m[i][me] for i in range(n)]
                 x = torch.randn(sum(ins), 3, generator=torch.Generator().manual_seed(seed * 10 + r))
-                got = info.run(x, g, input_splits=ins, output_splits=outs, label="t")
+                got = info.run(x, g, input_splits=ins, output_splits=outs, label="t", check=check)
                 dev = current()
                 sends = [e for e in dev.tracer.events if e.kind == Kind.SEND]
                 waits = [e for e in dev.tracer.events if e.kind == Kind.RECV_WAIT]
                 coll = [e for e in dev.tracer.events if e.kind == Kind.COLLECTIVE]
-                out[matching, ranks, seed] = {
+                out[matching, ranks, seed, check] = {
                     "equal": torch.equal(got, info.twin(x, g, input_splits=ins, output_splits=outs)),
                     "sent": sum(e.bytes for e in sends), "want_sent": (sum(ins) - ins[me]) * 12,
                     "collective": [e.bytes for e in coll],
@@ -186,7 +187,7 @@ def test_spawned_cpu_ranks_under_both_rules_send_receive_count_and_trace_every_r
 
     bad = []
     for r, out in enumerate(run_spawned(_spawned_exchanges, 3, timeout=180, env={MATCHING_ENV: ""})):
-        assert len(out) == (12 if r else 6)
+        assert len(out) == (20 if r else 10)
         for case, f in out.items():
             c = f["counters"]
             if not (f["equal"] and f["sent"] == f["want_sent"] == c["bytes_sent"] == f["collective"][0]
