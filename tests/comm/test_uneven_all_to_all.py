@@ -196,3 +196,49 @@ def test_spawned_cpu_ranks_under_both_rules_send_receive_count_and_trace_every_r
                     and c["messages_sent"] == len(f["peers"]) and c["messages_received"] == len(f["waits"])):
                 bad.append(f"rank {r} {case}: {f}")
     assert bad == []
+
+
+class _Work:
+    """A torch work stand-in: `wait` raises `error` if given, and counts its calls."""
+
+    def __init__(self, error=None):
+        self.error, self.waits = error, 0
+
+    def wait(self):
+        self.waits += 1
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self):
+        return False
+
+
+def test_posted_messages_left_by_an_error_stay_with_the_device_until_waited():
+    """A wait that fails (a peer gone) ends `Posted.wait` with that error; the works not waited,
+    the failed one included, stay registered as Handles (gloo crashes on a dropped work), the
+    beacon says what it said before, and `wait_all` waits each remaining work once."""
+    import torch
+
+    from pipelib.comm import p2p as comms
+    from pipelib.runtime.device import Device, DeviceSpec, set_current
+
+    dev = set_current(Device(0, 3, DeviceSpec("cpu")))
+    try:
+        dev.activity.set("before")
+        a, b, c = torch.zeros(2), torch.zeros(3), torch.zeros(4)
+        posted = object.__new__(comms.Posted)  # its works, not gloo's: no process group here
+        posted.dev, posted.group, posted.tag, posted.t_post, posted.name = dev, None, 7, 0.0, "t"
+        posted.items = [("send", a, 1, 0, 1), ("recv", b, 2, 0, 2), ("recv", c, 1, 1, 1)]
+        posted.works = [_Work(), _Work(RuntimeError("peer 2 gone")), _Work()]
+        with pytest.raises(RuntimeError, match="peer 2 gone"):
+            posted.wait({})
+        left = sorted((h.op, h.peer, h.label) for h in dev.outstanding.values())
+        assert left == [("recv", 1, "t step 1 chunk 1"), ("recv", 2, "t step 0 chunk 2"),
+                        ("send", 1, "t step 0 chunk 1")]
+        assert dev.activity.text == "before"
+        posted.works[1].error = None
+        comms.wait_all()
+        assert [w.waits for w in posted.works] == [1, 2, 1] and not dev.outstanding
+    finally:
+        set_current(None)
