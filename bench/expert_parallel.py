@@ -4,7 +4,8 @@
 Real CPU engines (`Cluster(device="cpu")`), world 2 and 4. For each size (bytes each rank
 dispatches, 64 KiB .. 16 MiB; rows of 1 KiB, 256 fp32 values, a token of C = 256), every rank
 splits its rows unevenly over the ranks (a seeded split, zero runs included, as a router's
-counts are), the counts known to both sides (exchanged once beforehand, as the MoE layer does).
+counts are; "moved" is the most any rank sends to the others, the rest it keeps), the counts
+known to both sides (exchanged once beforehand, as the MoE layer does).
 One round times, between barriers on every rank, a dispatch then the combine that brings the
 rows back (the reverse splits), for each variant in turn (the order flipping each round so a
 drift in load hits both alike): "ours" (the registry's `all_to_all_uneven` as the MoE layer
@@ -94,6 +95,7 @@ def _race(sizes, repeats, seed, row, variants):
         for name in variants:  # warm-up, and every variant brings the rows back unchanged
             assert torch.equal(run(name, x, ins, outs), x), name
         out[nb] = {k: [] for k in variants}
+        out[nb]["moved"] = (sum(ins) - ins[r]) * row  # the bytes this rank's dispatch sends to others
         for i in range(repeats):
             for name in (variants if i % 2 == 0 else variants[::-1]):
                 dist.barrier()
@@ -161,19 +163,20 @@ def main(argv=None) -> dict:
         per_rank = _per_rank(n, (sizes, repeats, 23, ROW, VARIANTS), a.spawn)
         rows = []
         print(f"\nworld {n}: dispatch + combine, {repeats} rounds; ratio = gloo time / ours (1.0: as fast)")
-        print(f"{'bytes/rank':>10} {'ours ms':>8} {'checked':>8} {'gloo ms':>8} {'p2p ms':>7} {'ratio':>6} "
-              f"{'checked':>8} {'p2p':>5}")
+        print(f"{'bytes/rank':>10} {'moved':>9} {'ours ms':>8} {'checked':>8} {'gloo ms':>8} {'p2p ms':>7} "
+              f"{'ratio':>6} {'checked':>8} {'p2p':>5}")
         for nb in sizes:
             slowest = {k: [max(p[nb][k][i] for p in per_rank) for i in range(repeats)] for k in VARIANTS}
             med = {k: statistics.median(v) for k, v in slowest.items()}
             ratio = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["ours"]))
             ratio_ck = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["ours_checked"]))
             ratio_p2p = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["p2p"]))
-            rows.append({"bytes": nb, **{f"{k}_s": v for k, v in med.items()}, "ratio": ratio,
+            moved = max(p[nb]["moved"] for p in per_rank)
+            rows.append({"bytes": nb, "moved_max": moved, **{f"{k}_s": v for k, v in med.items()}, "ratio": ratio,
                          "ratio_checked": ratio_ck, "ratio_p2p": ratio_p2p})
             size = f"{nb // 2**20} MiB" if nb >= 2**20 else f"{nb // 1024} KiB"
-            print(f"{size:>10} {1e3 * med['ours']:8.2f} {1e3 * med['ours_checked']:8.2f} {1e3 * med['gloo']:8.2f} "
-                  f"{1e3 * med['p2p']:7.2f} {ratio:6.2f} {ratio_ck:8.2f} {ratio_p2p:5.2f}")
+            print(f"{size:>10} {moved / 1024:6.0f} KiB {1e3 * med['ours']:8.2f} {1e3 * med['ours_checked']:8.2f} "
+                  f"{1e3 * med['gloo']:8.2f} {1e3 * med['p2p']:7.2f} {ratio:6.2f} {ratio_ck:8.2f} {ratio_p2p:5.2f}")
         out["worlds"][n] = {"rows": rows, "load_after": load()}
     print(f"\nload average before {out['load_before']}, after {load()} on {os.cpu_count()} cores")
     print(f"wrote {write('expert_parallel', out)}")
