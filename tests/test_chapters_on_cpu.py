@@ -1,4 +1,4 @@
-"""Chapters 09, 14 and 17 on real CPU engines: each notebook run under nbval, as CI runs every
+"""Chapters 14 and 17 on real CPU engines: each notebook run under nbval, as CI runs every
 chapter, with `PIPELIB_BOOK_DEVICE=cpu` (`pipelib.book_device`), so its `DEVICE` is "cpu"
 and its clusters are real processes on the wall clock.
 
@@ -8,11 +8,11 @@ chapter, in a subprocess (its own kernel and engines), failing with the tail of 
 `--noconftest` keeps notebooks/conftest.py from saving this run's outputs as the book's copy of
 the chapter (the book shows the simulated run). `make chapters DEVICE=cpu` runs every chapter so.
 
-The three hold every kind of guard (`book_device.GUARANTEES`): 09 and 14 the bitwise ones, 14 a
-tracker capacity that must fire on every device, 17 timings taken on the wall clock. Chapters 07
-and 12 ran here too (about 50 s together) until CI's time reached its 20 minutes; their strategies
-run on real CPU ranks in tests/test_library_use.py and tests/test_launch.py (DDP) and in
-tests/test_gpu_check.py (1F1B and ZB-V against one process).
+The two hold every kind of guard (`book_device.GUARANTEES`): 14 the bitwise ones and a tracker
+capacity that must fire on every device, 17 timings taken on the wall clock. Chapters 07, 09 and
+12 ran here too (about 75 s together) until CI's time reached its 20 minutes; their strategies
+run on real CPU ranks in tests/test_library_use.py and tests/test_launch.py (DDP, DP x TP) and in
+tests/test_gpu_check.py (TP with SP, 1F1B and ZB-V against one process).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pipelib.book_device import BOOK_DEVICE_ENV, GUARANTEES, WHY, book_device, h
 from pipelib.runtime.device import DEVICE_KINDS
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ("09_tensor_parallel", "14_recomputation", "17_ring_attention")
+CHAPTERS = ("14_recomputation", "17_ring_attention")
 NBVAL = ("--nbval-lax", "--nbval-cell-timeout=600", "--nbval-sanitize-with=tests/nbval_sanitize.cfg")
 TAIL = 6000          # characters of nbval's output in a failure
 TIMEOUT_S = 1200     # one chapter: about a minute on 2 idle cores

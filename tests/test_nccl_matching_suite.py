@@ -1,14 +1,14 @@
-"""The comm, pipeline, data- and context-parallel tests again, under NCCL's matching rules on
+"""The comm, pipeline and context-parallel tests again, under NCCL's matching rules on
 gloo (PIPELIB_P2P_MATCHING=nccl, `pipelib.runtime.matching`): no tags, exchanges batched, a
 receive posted before a send to the same peer refused. So the hangs and mismatches NCCL would
 give on GPUs are failures here, on a laptop (issue 26).
 
 One subprocess runs the modules that send pipelib's messages between ranks (not all of them: CI's
-time is kept near 20 minutes). ZeRO and tensor parallelism send only collectives that
-tests/comm checks here; DDP stays for its collectives posted from a second thread. The pure
-ones (schedules, formulas, figures), the timing demos of gloo's own rendezvous and torch's twins
-are left to the main run. Tests of gloo's own matching are marked `gloo_matching` and skip
-themselves there, saying why.
+time is kept near 20 minutes): DDP, ZeRO and tensor parallelism send only collectives that
+tests/comm checks here, and grouped-query ring attention the ring steps test_context_parallel
+runs. The pure ones (schedules, formulas, figures), the timing demos of gloo's own rendezvous
+and torch's twins are left to the main run. Tests of gloo's own matching are marked
+`gloo_matching` and skip themselves there, saying why.
 """
 import os
 import subprocess
@@ -23,8 +23,7 @@ MODULES = [
     "tests/comm/test_uneven_all_to_all.py", "tests/comm/test_matching.py",
     "tests/pipeline/test_step.py", "tests/pipeline/test_gpt.py", "tests/pipeline/test_paired.py",
     "tests/pipeline/test_handwritten.py",
-    "tests/data_parallel/test_ddp.py",
-    "tests/context_parallel/test_context_parallel.py", "tests/context_parallel/test_ring_gqa.py",
+    "tests/context_parallel/test_context_parallel.py",
 ]
 # left to the main run: error paths that wait for a timeout, and torch's own implementations
 # (their messages never pass through pipelib's point-to-point layer)
