@@ -21,9 +21,10 @@ nothing (both sides know it from the splits); under NCCL's rules they are all on
 MoE layer's call (counts known, ``check=False``) under gloo's rules posts its rows before any
 other work (`p2p.Posted`): on 2 shared cores, where every microsecond of Python before a rank's
 receives are up delays its peers' bytes, that took pipelib's dispatch + combine at 1 MiB per
-rank on 2 ranks from 0.64-0.78 of gloo's `all_to_all_single` to 0.88-0.98. Three runs of
-`bench/expert_parallel.py --spawn --repeats 61` then gave 0.88-1.18 on 2 ranks and 0.85-0.96
-on 4 at 1-16 MiB per rank (the median of the three 0.90-1.17 at every size). Rank r sends
+rank on 2 ranks from 0.64-0.78 of gloo's `all_to_all_single` to 0.73-0.98. Six runs of
+`bench/expert_parallel.py --spawn --repeats 61` gave medians of 0.90-1.14 at 4 and 16 MiB per
+rank on 2 and 4 ranks, and 0.85-0.86 at 1 MiB, where 0.2-0.9 MiB travel and plain torch p2p
+is at 1.04-1.09: the rest is pipelib's per-call Python. Rank r sends
 exactly (sum(in) - in[r]) rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
 
 The agreement check (``check=True``) compares dtype and row shape on every rank, and, when both
