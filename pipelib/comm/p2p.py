@@ -205,12 +205,12 @@ class Posted:
                 for op, t, peer, label, w in waits[done:]:  # kept until waited, as every Handle is
                     Handle(dev, op, t, t, peer, self.group, self.tag, [w], None, None, t_post, label, fields)
                 raise
-        c = dev.counters()
-        c["bytes_sent"] += sum(nbytes for nbytes, _, _ in sent)
+        c, nsent = dev.counters(), sum(nbytes for nbytes, _, _ in sent)
+        c["bytes_sent"] += nsent
         c["messages_sent"] += len(sent)
         c["bytes_received"] += got
         c["messages_received"] += len(froms)
-        return sum(nbytes for nbytes, _, _ in sent)
+        return nsent
 
 
 def _with_axis(dev, group, fields: dict) -> dict:
