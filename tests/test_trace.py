@@ -20,6 +20,24 @@ def test_event_rejects_negative_duration_and_names_it():
         Event(3, Kind.COMPUTE, "F", 2.0, 1.0)
 
 
+def test_event_init_takes_every_field_with_its_default_and_stays_frozen():
+    """`Event.__init__` is written by hand (fast); it must take exactly the dataclass's fields,
+    in order, with their defaults, so `replace`, `asdict` and equality keep working."""
+    import dataclasses
+    import inspect
+
+    params = list(inspect.signature(Event).parameters.values())
+    fields = dataclasses.fields(Event)
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert [p.default for p in params] == [inspect.Parameter.empty if f.default is dataclasses.MISSING
+                                            else f.default for f in fields]
+    e = Event(1, Kind.SEND, "x", 0.5, 1.5, peer=2, bytes=8, axis="ep")
+    assert dataclasses.replace(e, end=2.0) == Event(1, Kind.SEND, "x", 0.5, 2.0, peer=2, bytes=8, axis="ep")
+    assert e.as_dict()["axis"] == "ep" and e.shifted(1.0).start == 1.5 and hash(e) == hash(dataclasses.replace(e))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.start = 0.0
+
+
 def test_tracer_take_empties_and_filter():
     tr = Tracer(rank=2)
     tr.record("send", "x", 0, 0, bytes=10, peer=1)

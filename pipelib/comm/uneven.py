@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from pipelib.comm import p2p as comms
 from pipelib.comm.agreement import COLLECTIVE_TAG, CollectiveMismatchError, gather_rows
-from pipelib.comm.collectives import _NO_FIELDS, _Call, all_to_all
+from pipelib.comm.collectives import _Call, all_to_all
 from pipelib.comm.registry import chunk_sizes
 from pipelib.runtime.device import current
 
@@ -162,8 +162,8 @@ def _rows_first(tensor, input_splits, output_splits, group, label, n: int, me: i
     ins, out, outs = _views(tensor, input_splits, output_splits)
     posted = comms.Posted(_messages(ins, outs, input_splits, output_splits, group, n, me), group, COLLECTIVE_TAG,
                           "all_to_all_uneven all-to-all")
-    c = _Call("all_to_all_uneven", tensor.new_empty((0, *tensor.shape[1:])), group, check=False, label=label)
+    c = _Call("all_to_all_uneven", tensor, group, check=False, label=label)  # unchecked: its shape names it
     c.t0 = t0
     outs[me].copy_(ins[me])
-    c.sent += posted.wait(_NO_FIELDS)
+    c.sent += posted.wait()
     return c.done(out)

@@ -230,15 +230,15 @@ def test_posted_messages_left_by_an_error_stay_with_the_device_until_waited():
         posted = object.__new__(comms.Posted)  # its works, not gloo's: no process group here
         posted.dev, posted.group, posted.tag, posted.t_post, posted.name = dev, None, 7, 0.0, "t"
         posted.items = [("send", a, 1, 0, 1), ("recv", b, 2, 0, 2), ("recv", c, 1, 1, 1)]
-        posted.works = [_Work(), _Work(RuntimeError("peer 2 gone")), _Work()]
-        with pytest.raises(RuntimeError, match="peer 2 gone"):
-            posted.wait({})
+        posted.works = [_Work(RuntimeError("peer 1 gone")), _Work(), _Work()]  # sends are waited first
+        with pytest.raises(RuntimeError, match="peer 1 gone"):
+            posted.wait()
         left = sorted((h.op, h.peer, h.label) for h in dev.outstanding.values())
         assert left == [("recv", 1, "t step 1 chunk 1"), ("recv", 2, "t step 0 chunk 2"),
                         ("send", 1, "t step 0 chunk 1")]
         assert dev.activity.text == "before"
-        posted.works[1].error = None
+        posted.works[0].error = None
         comms.wait_all()
-        assert [w.waits for w in posted.works] == [1, 2, 1] and not dev.outstanding
+        assert [w.waits for w in posted.works] == [2, 1, 1] and not dev.outstanding
     finally:
         set_current(None)
