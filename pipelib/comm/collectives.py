@@ -66,7 +66,7 @@ class _Call:
     """One collective call on this rank: group facts, the COLLECTIVE event, bytes sent."""
 
     def __init__(self, name, tensor, group, op="sum", root=0, check=True, reduce=False, segment_bytes=None,
-                 label=None):
+                 label=None, size_rank=None):  # size_rank: (n, me) when the caller has them
         self.dev, self.name, self.group = current(), name, group
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"rank {dist.get_rank()}: {name} takes a torch.Tensor, got {type(tensor).__name__} "
@@ -76,10 +76,10 @@ class _Call:
             check_int(segment_bytes, "segment_bytes", minimum=0, context=f"rank {dist.get_rank()}: {name}",
                       hint="bytes per ring message; 0 = one message per chunk, None = the device's default")
         self.segment_bytes = segment_bytes
-        self.n, self.me = dist.get_world_size(group), dist.get_rank(group)
+        self.n, self.me = size_rank or (dist.get_world_size(group), dist.get_rank(group))
         if self.me < 0:
             raise ValueError(f"rank {dist.get_rank()}: {name} on a group this rank is not part of")
-        self.op = _op_name(op)
+        self.op = op if op == "sum" else _op_name(op)
         if not (isinstance(root, int) and 0 <= root < self.n):
             raise ValueError(f"rank {dist.get_rank()}: {name} root {root!r} is outside the group "
                              f"(group ranks are 0..{self.n - 1})")

@@ -183,30 +183,29 @@ class Posted:
         self.t_post = self.dev.clock.now()
 
     def wait(self) -> int:
-        dev, t_post, name, act, group = self.dev, self.t_post, self.name, self.dev.activity, self.group
-        record, now, axis = dev.tracer.record, dev.clock.now, {} if not dev.axes else _with_axis(dev, group, {})
-        sent, got, sends, recvs = 0, 0, [], []
-        for (op, t, peer, step, chunk), w in zip(self.items, self.works):
-            m = (op, t, peer, f"{name} step {step} chunk {chunk}", w)
-            if op == "send":
-                record(Kind.SEND, m[3], t_post, t_post, peer=peer, bytes=t.nbytes, **axis)
-                sent += t.nbytes
-                sends.append(m)
-            else:
-                recvs.append(m)
-        before, done = act.text, 0
-        act.set(f"{name}: recv from ranks {[m[2] for m in recvs]}, send to ranks {[m[2] for m in sends]}, waiting")
-        try:  # sends first, as gloo waits: the next call's posts then stall 3 ms 3x less often (see wait)
+        dev, t_post, name, group = self.dev, self.t_post, self.name, self.group
+        record, now, act = dev.tracer.record, dev.clock.now, dev.activity
+        axis = _with_axis(dev, group, {}) if dev.axes else {}
+        sends = [(m, w) for m, w in zip(self.items, self.works) if m[0] == "send"]
+        recvs = [(m, w) for m, w in zip(self.items, self.works) if m[0] == "recv"]
+        sent, got, done, before = 0, 0, 0, act.text
+        for (_, t, peer, step, chunk), _ in sends:
+            record(Kind.SEND, f"{name} step {step} chunk {chunk}", t_post, t_post, peer=peer, bytes=t.nbytes, **axis)
+            sent += t.nbytes
+        act.set(f"{name}: {len(recvs)} receives, {len(sends)} sends, waiting")  # peers: the splits
+        try:  # sends first, as gloo waits: the next call's posts then stall 3 ms 3x less often
             start = now()
-            for m in sends:
-                m[4].wait()
+            for _, w in sends:
+                w.wait()
                 done += 1
-            for _, t, peer, label, w in recvs:  # idle from the first wait on: the receive's
+            for (_, t, peer, step, chunk), w in recvs:  # idle from the first wait on: the receive's
                 w.wait()
                 done, got = done + 1, got + t.nbytes
-                record(Kind.RECV_WAIT, label, start, start := now(), peer=peer, bytes=t.nbytes, **axis)
+                record(Kind.RECV_WAIT, f"{name} step {step} chunk {chunk}", start, start := now(), peer=peer,
+                       bytes=t.nbytes, **axis)
         except BaseException:
-            for op, t, peer, label, w in (sends + recvs)[done:]:  # kept until waited, as every Handle is
+            for (op, t, peer, step, chunk), w in (sends + recvs)[done:]:  # kept until waited, as every Handle is
+                label = f"{name} step {step} chunk {chunk}"
                 Handle(dev, op, t, t, peer, group, self.tag, [w], None, None, t_post, label, axis)
             raise
         finally:
