@@ -9,15 +9,22 @@ known to both sides (exchanged once beforehand, as the MoE layer does).
 One round times, between barriers on every rank, a dispatch then the combine that brings the
 rows back (the reverse splits), for each variant in turn (the order flipping each round so a
 drift in load hits both alike): "ours" (the registry's `all_to_all_uneven` as the MoE layer
-calls it: counts given, unchecked), "ours_checked" (the default call: the ranks agree on the
-counts first, one more message round), "gloo" (`all_to_all_single`, the twin) and "p2p" (the
+calls it: counts given, unchecked), "gloo" (`all_to_all_single`, the twin) and "p2p" (the
 same pairwise exchange in plain torch.distributed isend/irecv, no pipelib: the floor pipelib's
-own bookkeeping, its trace and handles, stands on). A round's
+own bookkeeping, its trace and handles, stands on). A second pass pairs "ours_checked" (the
+default call: the ranks agree on dtype, shape and counts first, two more message rounds) with
+gloo alike. Apart, since interleaved its rounds disturbed the others': on 2 ranks at 1 MiB,
+ours' rounds with a 3-4 ms scheduling stall went from 10 % to 21-31 % and p2p's from 16-18 %
+to 21-38 %, gloo's staying at 8 %. A round's
 time is the slowest rank's. Reported: medians, and the ratio gloo time / ours (1.0: as fast as
 gloo; above 1.0: faster), the median of the per-round ratios (paired). Issue 23's target:
 0.9 or more at 1 MiB per rank and above.
 
 Wall-clock numbers on a shared 2-core machine are noisy: read the ratios and the load printed.
+Single runs of 61 rounds move by +-0.1; a 2-core VM with 2 or 4 ranks and gloo's threads on them
+stalls 3-4 ms in 10-50 % of rounds, every variant. One run of 201 rounds there (2026-11-27,
+`--spawn --repeats 201`), ratio at 1 / 4 / 16 MiB: 2 ranks 0.94 / 1.02 / 0.88 (plain p2p 1.11 /
+1.19 / 0.93), 4 ranks 0.94 / 0.89 / 0.98 (p2p 1.01 / 0.98 / 1.03).
 `--spawn` runs the ranks as spawned gloo processes instead of a cluster's engines (no
 ipyparallel: a bare machine with torch, e.g. an idle many-core one). Writes
 bench/results/expert_parallel.json.
@@ -38,12 +45,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import load, write  # noqa: E402
 
 ROW = 1024  # bytes per token row: 256 fp32
-VARIANTS = ("ours", "ours_checked", "gloo", "p2p")
+PASSES = (("ours", "gloo", "p2p"), ("ours_checked", "gloo"))  # each paired round by round; checked apart
 
 
-def _race(sizes, repeats, seed, row, variants):
-    """On every rank: {bytes: {variant: [seconds per round]}}, dispatch + combine each (no
-    globals: this runs on the engines)."""
+def _race(sizes, repeats, seed, row, passes):
+    """On every rank: {bytes: {"moved": bytes, "passes": [{variant: [seconds per round]} per pass]}},
+    a dispatch + combine each (no globals: this runs on the engines)."""
     import time
 
     import torch
@@ -92,17 +99,19 @@ def _race(sizes, repeats, seed, row, variants):
         m = splits(nb // row, s)
         ins, outs = m[r].tolist(), m[:, r].tolist()
         x = torch.randn(nb // row, row // 4)
-        for name in variants:  # warm-up, and every variant brings the rows back unchanged
-            assert torch.equal(run(name, x, ins, outs), x), name
-        out[nb] = {k: [] for k in variants}
-        out[nb]["moved"] = (sum(ins) - ins[r]) * row  # the bytes this rank's dispatch sends to others
-        for i in range(repeats):
-            for name in (variants if i % 2 == 0 else variants[::-1]):
-                dist.barrier()
-                t0 = time.perf_counter()
-                run(name, x, ins, outs)
-                out[nb][name].append(time.perf_counter() - t0)
-            current().tracer.clear()
+        out[nb] = {"moved": (sum(ins) - ins[r]) * row, "passes": []}  # bytes this rank's dispatch sends to others
+        for variants in passes:
+            for name in variants:  # warm-up, and every variant brings the rows back unchanged
+                assert torch.equal(run(name, x, ins, outs), x), name
+            times = {k: [] for k in variants}
+            for i in range(repeats):
+                for name in (variants if i % 2 == 0 else variants[::-1]):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    run(name, x, ins, outs)
+                    times[name].append(time.perf_counter() - t0)
+                current().tracer.clear()
+            out[nb]["passes"].append(times)
     return out
 
 
@@ -160,23 +169,29 @@ def main(argv=None) -> dict:
     out = {"row_bytes": ROW, "sizes": sizes, "repeats": repeats, "cores": os.cpu_count(), "load_before": load(),
            "spawned": a.spawn, "worlds": {}}
     for n in [int(w) for w in a.worlds.split(",")]:
-        per_rank = _per_rank(n, (sizes, repeats, 23, ROW, VARIANTS), a.spawn)
+        per_rank = _per_rank(n, (sizes, repeats, 23, ROW, PASSES), a.spawn)
         rows = []
         print(f"\nworld {n}: dispatch + combine, {repeats} rounds; ratio = gloo time / ours (1.0: as fast)")
-        print(f"{'bytes/rank':>10} {'moved':>9} {'ours ms':>8} {'checked':>8} {'gloo ms':>8} {'p2p ms':>7} "
-              f"{'ratio':>6} {'checked':>8} {'p2p':>5}")
+        print(f"{'bytes/rank':>10} {'moved':>9} {'ours ms':>8} {'gloo ms':>8} {'p2p ms':>7} {'ratio':>6} {'p2p':>5} "
+              f"{'checked ms':>11} {'ratio':>6}")
         for nb in sizes:
-            slowest = {k: [max(p[nb][k][i] for p in per_rank) for i in range(repeats)] for k in VARIANTS}
-            med = {k: statistics.median(v) for k, v in slowest.items()}
-            ratio = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["ours"]))
-            ratio_ck = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["ours_checked"]))
-            ratio_p2p = statistics.median(g / o for g, o in zip(slowest["gloo"], slowest["p2p"]))
+            main, checked = ({k: [max(p[nb]["passes"][j][k][i] for p in per_rank) for i in range(repeats)]
+                              for k in PASSES[j]} for j in range(2))  # a round's time: its slowest rank's
+
+            def ratio(times, k):
+                return statistics.median(g / o for g, o in zip(times["gloo"], times[k]))
+
+            med = {k: statistics.median(v) for k, v in main.items()}
+            med_ck = {k: statistics.median(v) for k, v in checked.items()}
             moved = max(p[nb]["moved"] for p in per_rank)
-            rows.append({"bytes": nb, "moved_max": moved, **{f"{k}_s": v for k, v in med.items()}, "ratio": ratio,
-                         "ratio_checked": ratio_ck, "ratio_p2p": ratio_p2p})
+            rows.append({"bytes": nb, "moved_max": moved, **{f"{k}_s": v for k, v in med.items()},
+                         "ratio": ratio(main, "ours"), "ratio_p2p": ratio(main, "p2p"),
+                         "ours_checked_s": med_ck["ours_checked"], "gloo_checked_pass_s": med_ck["gloo"],
+                         "ratio_checked": ratio(checked, "ours_checked")})
             size = f"{nb // 2**20} MiB" if nb >= 2**20 else f"{nb // 1024} KiB"
-            print(f"{size:>10} {moved / 1024:6.0f} KiB {1e3 * med['ours']:8.2f} {1e3 * med['ours_checked']:8.2f} "
-                  f"{1e3 * med['gloo']:8.2f} {1e3 * med['p2p']:7.2f} {ratio:6.2f} {ratio_ck:8.2f} {ratio_p2p:5.2f}")
+            print(f"{size:>10} {moved / 1024:6.0f} KiB {1e3 * med['ours']:8.2f} {1e3 * med['gloo']:8.2f} "
+                  f"{1e3 * med['p2p']:7.2f} {rows[-1]['ratio']:6.2f} {rows[-1]['ratio_p2p']:5.2f} "
+                  f"{1e3 * med_ck['ours_checked']:11.2f} {rows[-1]['ratio_checked']:6.2f}")
         out["worlds"][n] = {"rows": rows, "load_after": load()}
     print(f"\nload average before {out['load_before']}, after {load()} on {os.cpu_count()} cores")
     print(f"wrote {write('expert_parallel', out)}")

@@ -19,12 +19,12 @@ bytes, which still pays alpha), on a real one step s's send then its receive are
 every step, all in flight at once (gloo's own order), and a pair with no rows to exchange sends
 nothing (both sides know it from the splits); under NCCL's rules they are all one batch. The
 MoE layer's call (counts known, ``check=False``) under gloo's rules posts its rows before any
-other work (`p2p.Posted`): on 2 shared cores, where every microsecond of Python before a rank's
-receives are up delays its peers' bytes, that took pipelib's dispatch + combine at 1 MiB per
-rank on 2 ranks from 0.64-0.78 of gloo's `all_to_all_single` to 0.73-0.98. Six runs of
-`bench/expert_parallel.py --spawn --repeats 61` gave medians of 0.90-1.14 at 4 and 16 MiB per
-rank on 2 and 4 ranks, and 0.85-0.86 at 1 MiB, where 0.2-0.9 MiB travel and plain torch p2p
-is at 1.04-1.09: the rest is pipelib's per-call Python. Rank r sends
+other work, on the process group itself, and waits its sends before its receives as gloo does
+(`p2p.Posted`): on 2 shared cores every microsecond of Python before a rank's receives are up
+delays its peers' bytes, and with receives waited first the next call's posts stalled 3-4 ms in
+28-39 % of rounds against 5-20 %. What is left is CPU: pipelib's call spends about 30 µs more
+of it than the same exchange in plain torch p2p (`bench/expert_parallel.py`'s numbers are in
+its docstring). Rank r sends
 exactly (sum(in) - in[r]) rows (`uneven_bytes`): the bytes the trace's COLLECTIVE event holds.
 
 The agreement check (``check=True``) compares dtype and row shape on every rank, and, when both
@@ -156,7 +156,7 @@ def _rows_first(tensor, input_splits, output_splits, group, label, n: int, me: i
     """`all_to_all_uneven` with the counts known and unchecked on a real link under gloo's rules:
     the rows are posted first (`p2p.Posted`), the COLLECTIVE's `_Call` and bookkeeping done while
     they travel. (A `_Call` before posting, as every other collective makes, measured 0.72-0.91 ms
-    a dispatch + combine at 1 MiB on 2 ranks against 0.58-0.82 ms so; see the module docstring.)"""
+    a dispatch + combine at 1 MiB on 2 ranks against 0.58-0.82 ms so.)"""
     t0 = current().clock.now()
     output_splits = check_splits("output_splits", output_splits, None, n)
     ins, out, outs = _views(tensor, input_splits, output_splits)
