@@ -22,9 +22,10 @@ gloo; above 1.0: faster), the median of the per-round ratios (paired). Issue 23'
 
 Wall-clock numbers on a shared 2-core machine are noisy: read the ratios and the load printed.
 Single runs of 61 rounds move by +-0.1; a 2-core VM with 2 or 4 ranks and gloo's threads on them
-stalls 3-4 ms in 10-50 % of rounds, every variant. One run of 201 rounds there (2026-11-27,
-`--spawn --repeats 201`), ratio at 1 / 4 / 16 MiB: 2 ranks 0.94 / 1.02 / 0.88 (plain p2p 1.11 /
-1.19 / 0.93), 4 ranks 0.94 / 0.89 / 0.98 (p2p 1.01 / 0.98 / 1.03).
+stalls 3-4 ms in 10-50 % of rounds, every variant. Two runs of 201 rounds there (2026-11-27,
+`--spawn --repeats 201`), ratio at 1 / 4 / 16 MiB: 2 ranks 0.94 / 1.02 / 0.88 and 0.90 / 0.93 /
+0.96 (plain p2p 1.11 / 1.19 / 0.93 and 1.14 / 1.25 / 0.97), 4 ranks 0.94 / 0.89 / 0.98 and
+0.90 / 0.91 / 0.94 (p2p 1.01 / 0.98 / 1.03 and 0.94 / 0.91 / 0.93).
 `--spawn` runs the ranks as spawned gloo processes instead of a cluster's engines (no
 ipyparallel: a bare machine with torch, e.g. an idle many-core one). Writes
 bench/results/expert_parallel.json.
