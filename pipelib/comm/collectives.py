@@ -54,7 +54,7 @@ _NO_FIELDS = MappingProxyType({"stage": None, "microbatch": None})
 
 
 def _op_name(op) -> str:
-    name = op.lower() if isinstance(op, str) else {
+    name = op if op in OPS else op.lower() if isinstance(op, str) else {  # op="sum": at once
         dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min",
         dist.ReduceOp.AVG: "avg"}.get(op, repr(op))
     if name not in OPS:
@@ -79,7 +79,7 @@ class _Call:
         self.n, self.me = size_rank or (dist.get_world_size(group), dist.get_rank(group))
         if self.me < 0:
             raise ValueError(f"rank {dist.get_rank()}: {name} on a group this rank is not part of")
-        self.op = op if op == "sum" else _op_name(op)
+        self.op = _op_name(op)
         if not (isinstance(root, int) and 0 <= root < self.n):
             raise ValueError(f"rank {dist.get_rank()}: {name} root {root!r} is outside the group "
                              f"(group ranks are 0..{self.n - 1})")

@@ -71,7 +71,7 @@ def exchange_splits(input_splits, group=None, *, label: str | None = None, check
 def agree_on_splits(name: str, input_splits, output_splits, group) -> None:
     """Every rank sends its (in, out) splits to every other; all raise if some i -> j disagree."""
     n = dist.get_world_size(group)
-    glob = [dist.get_global_rank(group, i) if group is not None else i for i in range(n)]
+    glob = _global_ranks(group, n)
     dev = current()
     mine = torch.tensor([list(input_splits), list(output_splits)], dtype=torch.int64, device=dev.torch_device)
     rows = gather_rows(mine, group, glob, dev.matching.by_order).cpu()
@@ -141,15 +141,19 @@ def _messages(ins, outs, input_splits, output_splits, group, n: int, me: int) ->
     send to r+s then the receive from r-s, gloo's own alltoallv order (in plain torch on 2 and 4
     ranks at 1-4 MiB, every receive first ran at 0.63-0.88 of gloo, this order at 0.83-1.00). A
     pair that exchanges no rows sends no message, as both sides know from the splits."""
-    glob = (lambda p: p) if group is None else (lambda p: dist.get_global_rank(group, p))
-    items = []
+    glob, items = _global_ranks(group, n), []
     for s in range(1, n):
         dst, src = (me + s) % n, (me - s) % n
         if input_splits[dst]:
-            items.append(("send", ins[dst], glob(dst), s - 1, dst))
+            items.append(("send", ins[dst], glob[dst], s - 1, dst))
         if output_splits[src]:
-            items.append(("recv", outs[src], glob(src), s - 1, src))
+            items.append(("recv", outs[src], glob[src], s - 1, src))
     return items
+
+
+def _global_ranks(group, n: int) -> list[int]:
+    """The global rank of each of the group's n ranks."""
+    return list(range(n)) if group is None else [dist.get_global_rank(group, i) for i in range(n)]
 
 
 def _rows_first(tensor, input_splits, output_splits, group, label, n: int, me: int):
