@@ -74,9 +74,9 @@ def fidelity(p: int = 4, m: int = 8) -> list[dict]:
     from pipelib import Cluster
     from pipelib.costmodel import get_profile
     from pipelib.model import MLPConfig
-    from pipelib.pipeline.schedules import GENERATORS
+    from pipelib.pipeline.schedules import GENERATORS, resolve_schedule
     from pipelib.pipeline.simulate import Costs, simulate
-    from pipelib.pipeline.step import resolve_schedule, run_train_step
+    from pipelib.pipeline.step import run_train_step
     from pipelib.trace import Kind
 
     cfg = MLPConfig(in_features=16, hidden=16, out_features=10, num_layers=4 * p)

@@ -7,7 +7,7 @@
 The model is unaware of parallelism (nanoGPT's GPT). As torchtitan's `parallelize_llama`, this
 is the one place that sees the whole mesh; each strategy gets only its own group:
 
-1. pipeline: cut the model into stages between blocks (`pipeline.gpt.gpt_stages`), keep this rank's;
+1. pipeline: cut the model into stages between blocks (`pipeline.gpt_stages.gpt_stages`), keep this rank's;
 2. tensor (and sequence) parallelism on `mesh["tp"]` (`apply_tensor_parallel`);
 3. context parallelism on `mesh["cp"]` (`context_parallel.apply`: ring attention, global
    positions, each rank's columns; gradients averaged over cp before dp reduces them);
@@ -30,8 +30,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from pipelib.data_parallel.kinds import DATA_PARALLEL, Owned
+from pipelib.applied import Applied
+from pipelib.context_parallel.apply import apply_context_parallel
+from pipelib.data_parallel.kinds import DATA_PARALLEL, apply_data_parallel
+from pipelib.pipeline.apply import apply_pipeline
+from pipelib.pipeline.gpt_stages import tied_ranks
+from pipelib.pipeline.schedules import resolve_schedule
+from pipelib.placement import Placement
+from pipelib.recompute.policies import apply_recompute
 from pipelib.recompute.registry import policy_info
+from pipelib.runtime.device import current
+from pipelib.tensor_parallel.apply import apply_tensor_parallel
+from pipelib.tensor_parallel.plan import gpt_tp_plan
 from pipelib.topology import DEFAULT_ORDER, Topology
 
 
@@ -74,7 +84,6 @@ class Plan:
     def check(self, recipe, world_size: int | None = None) -> None:
         """Every check that needs no engine: the plan against the recipe and the cluster."""
         from pipelib.model import GPTConfig
-        from pipelib.pipeline.step import resolve_schedule
 
         if world_size is not None:
             self.topology().check_world(world_size)
@@ -119,13 +128,15 @@ class Plan:
 
 
 class Parallel:
-    """This rank's part of a parallelized model, and how to run and gather one step."""
+    """This rank's part of a parallelized model, and how to run and gather one step: a loop over
+    the records the strategies returned (`pipelib.applied.Applied`), in `parallelize`'s order.
+    It knows no strategy by name."""
 
-    def __init__(self, model, mesh, plan, modules, stages=None, schedule=None):
-        self.model, self.mesh, self.plan = model, mesh, plan
-        self.modules, self.stages, self.schedule = modules, stages, schedule
-        self.reducers: list = []
-        self.placements: dict = {}  # {monolith name: pipelib.placement.Placement}
+    def __init__(self, model, mesh, plan, applied: list[Applied]):
+        self.model, self.mesh, self.plan, self.applied = model, mesh, plan, applied
+        cut = [a.modules for a in applied if a.modules is not None]
+        self.modules: list[nn.Module] = cut[-1] if cut else [model]
+        self.placements = _placements(model, applied)  # {monolith name: Placement}
 
     def parameters(self) -> list[nn.Parameter]:
         seen, out = set(), []
@@ -136,91 +147,55 @@ class Parallel:
                     out.append(p)
         return out
 
+    @property
+    def reports_loss(self) -> bool:
+        """Whether this rank computes the step's loss (a pipeline's last stage does)."""
+        return all(a.reports_loss for a in self.applied)
+
     def make_optimizer(self, optimizer: Callable):
-        """What steps this rank's parameters: `optimizer(params)` over them, or the data-parallel
-        kind's own optimizers over their shards (ZeRO)."""
-        owners = [r for r in self.reducers if hasattr(r, "optimizer_step")]
-        return Owned(owners) if owners else optimizer(self.parameters())
+        """What steps this rank's parameters: the optimizer a strategy owns (ZeRO's, over its
+        shards), else `optimizer(params)` over them."""
+        owned = [a.optimizer for a in self.applied if a.optimizer is not None]
+        return owned[0] if owned else optimizer(self.parameters())
 
     def forward_backward(self, x, y):
         """One step's forward and backward on this rank's rows, gradients reduced over every
         axis; the loss of this rank's rows where it is computed (the last stage), else None."""
+        from pipelib.model import cross_entropy
+        from pipelib.recipe import loss_of
         from pipelib.runtime.device import current
 
         dev = current()
-        if self.plan.cp > 1:  # this rank's columns of its rows
-            from pipelib.context_parallel.apply import shard_tokens
-
-            x, y = shard_tokens(x, y, self.mesh["cp"])
-        if self.stages is not None:
-            loss = self._pipeline_step(x, y)
-            self._count_gradients(dev)
-            return loss
-        with dev.compute("F"), dev.memory.saved_activations():  # what autograd keeps, counted
-            loss = self._loss(x, y)
-        if self.reducers:
-            self.reducers[0].backward(loss)
+        for a in self.applied:
+            if a.shard_batch is not None:  # context parallelism: this rank's columns of its rows
+                x, y = a.shard_batch(x, y)
+        run = [a.run_step for a in self.applied if a.run_step is not None]
+        if run:  # the pipeline runs forward and backward itself
+            loss_fn = cross_entropy
+            for a in self.applied:
+                loss_fn = a.wrap_loss(loss_fn) if a.wrap_loss is not None else loss_fn
+            loss = run[0](x, y, loss_fn, self._after_backward)
         else:
-            with dev.compute("B"):
-                loss.backward()
-        if self.plan.tp > 1:
-            from pipelib.tensor_parallel.apply import sync_sequence_grads
-
-            sync_sequence_grads(self.model)
-        if self.plan.cp > 1:  # the mean over the sequence's shards, before dp reduces it
-            from pipelib.context_parallel.apply import sync_context_grads
-
-            sync_context_grads(self.parameters(), self.mesh["cp"])
-        for r in self.reducers:
-            r.finish_gradients()
-        self._count_gradients(dev)
-        return loss.detach()
-
-    def _count_gradients(self, dev) -> None:
-        """The device's memory holds this rank's gradients (ZeRO counts its own shards)."""
-        if not any(hasattr(r, "optimizer_step") for r in self.reducers):
+            forward = next((a.forward_loss for a in self.applied if a.forward_loss is not None), loss_of)
+            with dev.compute("F"), dev.memory.saved_activations():  # what autograd keeps, counted
+                loss = forward(self.model, x, y)
+            backward = next((a.backward for a in self.applied if a.backward is not None), None)
+            if backward is not None:
+                backward(loss)
+            else:
+                with dev.compute("B"):
+                    loss.backward()
+            self._after_backward(self.model)
+            loss = loss.detach()
+        if not any(a.optimizer is not None for a in self.applied):  # ZeRO counts its own shards
             dev.memory.update_gradients(nn.ModuleList(self.modules))
+        return loss
 
-    def _loss(self, x, y):
-        if self.plan.tp > 1:
-            from pipelib.tensor_parallel.step import tp_forward
-
-            return tp_forward(self.model, x, y)[1]
-        from pipelib.recipe import loss_of
-
-        return loss_of(self.model, x, y)
-
-    def _pipeline_step(self, x, y):
-        from pipelib.model import cross_entropy
-        from pipelib.pipeline.executor import execute
-        from pipelib.pipeline.gpt import sum_tied_grads, tied_ranks
-
-        by_stage = dict(zip((st.index for st in self.stages), self.reducers))
-        modules = {st.index: st.module for st in self.stages}
-        sequence_parallel = getattr(self.model, "tp_sequence_parallel", False)
-
-        def done(k):  # stage k's last backward is in: its gradients are whole on this rank's shard
-            if sequence_parallel:  # sum its sequence-parallel parameters' gradients over tp, once
-                _sync_sequence_grads(modules[k], self.model.tp_comm)
-            if k in by_stage:
-                by_stage[k].finish_gradients()  # then data parallelism reduces them (ZeRO: waits)
-
-        loss = execute(self.schedule, self.stages, x, y, self._loss_of_logits(cross_entropy), self.mesh["pp"],
-                       stage_done=done if sequence_parallel or by_stage else None)
-        first, last = tied_ranks(self.schedule)
-        sum_tied_grads(self.model.embed.wte.weight, self.schedule, self.mesh["pp"],
-                       self.mesh.tied_group(first, last))
-        return None if loss is None else loss.detach()
-
-    def _loss_of_logits(self, loss_fn):
-        """The last stage's loss of its logits: under a vocabulary-parallel head (tp > 1) each tp
-        rank holds V/t of them, and the cross-entropy is Megatron's, over the tp group."""
-        from pipelib.tensor_parallel.vocab import VocabParallelHead, vocab_parallel_cross_entropy
-
-        head = self.model.head.lm_head
-        if not isinstance(head, VocabParallelHead):
-            return loss_fn
-        return lambda logits, targets: vocab_parallel_cross_entropy(logits, targets, self.model.tp_comm, head.start)
+    def _after_backward(self, module) -> None:
+        """`module`'s gradients are complete on this rank: each strategy's sums, in order."""
+        for a in self.applied:
+            if a.after_backward is not None:
+                a.after_backward(module)
 
     def unshard(self, what: str = "grad") -> dict[str, torch.Tensor]:
         """{monolith name: tensor} of what this rank holds, whole (`pipelib.placement.unshard`:
@@ -228,73 +203,53 @@ class Parallel:
         from pipelib.placement import unshard
 
         held = {id(p) for p in self.parameters()}
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        local = {}  # ZeRO's: its shards gathered over dp, under the monolith's names
-        for r, module in zip(self.reducers, self.modules):
-            if hasattr(r, "full"):
-                mine = {n: names[id(p)] for n, p in module.named_parameters()}
-                local.update({mine[n]: t for n, t in r.full(what).items()})
+        local = {}  # what a strategy keeps off the parameters (ZeRO's shards), gathered
+        for a in self.applied:
+            if a.whole is not None:
+                local.update(a.whole(what))
         for name, p in self.model.named_parameters():
             if id(p) in held and name not in local:
                 local[name] = p.detach() if what == "data" else (p.grad if p.grad is not None else torch.zeros_like(p))
-        return unshard(local, self.placements, {"tp": self.mesh["tp"]})
+        axes = {pl.axis for pl in self.placements.values() if pl.axis is not None}
+        return unshard(local, self.placements, {axis: self.mesh[axis] for axis in axes})
 
     def close(self) -> None:
-        for r in self.reducers:
-            r.close()
+        for a in self.applied:
+            if a.close is not None:
+                a.close()
 
 
 def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | None = None) -> Parallel:
     """Apply `plan`'s strategies to `model` on this rank, in the fixed order of the module
     docstring, each on its own group of `mesh`; return this rank's `Parallel`. `optimizer`
     (params -> torch optimizer) is what a data-parallel kind that shards it builds (ZeRO)."""
-    modules, stages, schedule = [model], None, None
+    applied: list[Applied] = []
     if plan.pp > 1:  # 1. pipeline stages
-        from pipelib.pipeline.gpt import gpt_stages
-        from pipelib.pipeline.stage import Stage
-        from pipelib.pipeline.step import resolve_schedule
-
         schedule = resolve_schedule(plan.schedule, plan.pp, plan.microbatches)
-        cut = gpt_stages(model, schedule.num_stages)
-        stages = [Stage(cut[k], k, schedule.num_stages) for k in schedule.stages_of(mesh.local_rank("pp"))]
-        modules = [st.module for st in stages]
+        applied.append(apply_pipeline(model, mesh["pp"], schedule, mesh.tied_group(*tied_ranks(schedule))))
     if plan.tp > 1:  # 2. tensor (and sequence) parallelism
-        from pipelib.tensor_parallel.apply import apply_tensor_parallel
-        from pipelib.tensor_parallel.plan import gpt_tp_plan
-
-        apply_tensor_parallel(model, mesh["tp"], gpt_tp_plan(vocab=plan.vocab_parallel,
-                                                             sequence_parallel=plan.sequence_parallel))
+        applied.append(apply_tensor_parallel(model, mesh["tp"], gpt_tp_plan(vocab=plan.vocab_parallel,
+                                                                            sequence_parallel=plan.sequence_parallel)))
     if plan.cp > 1:  # 3. context parallelism: ring attention, global positions
-        from pipelib.context_parallel.apply import apply_context_parallel
-
-        apply_context_parallel(model, mesh["cp"])
-    if plan.recompute != "none":  # 4. recomputation
-        from pipelib.recompute.policies import apply_recompute
-
+        applied.append(apply_context_parallel(model, mesh["cp"]))
+    modules = applied[0].modules if plan.pp > 1 else [model]
+    if plan.recompute != "none":  # 4. recomputation (nothing left on the rank but the model's change)
         for m in modules:
             apply_recompute(m, plan.recompute)
-    par = Parallel(model, mesh, plan, modules, stages, schedule)
-    par.placements = _placements(model, plan, stages)
-    from pipelib.runtime.device import current
-
-    current().memory.track_module(*modules)  # what this rank holds (ZeRO then counts its shards instead)
+    dev = current()
+    dev.memory.track_module(*modules)  # what this rank holds (ZeRO then counts its shards instead)
     if plan.dp > 1:  # 5. data parallelism, last: it wraps what the others made
-        kind = DATA_PARALLEL[plan.data_parallel]
-        par.reducers = [kind.wrap(m, mesh["dp"], plan, optimizer or torch.optim.Adam) for m in modules]
-        current().memory.parameters_moved(*modules)  # ZeRO's flat buffers: a saved weight is no activation
-    return par
+        names = {id(p): n for n, p in model.named_parameters()}
+        applied.append(apply_data_parallel(modules, mesh["dp"], plan.data_parallel, plan,
+                                           optimizer or torch.optim.Adam, names))
+        dev.memory.parameters_moved(*modules)  # ZeRO's flat buffers: a saved weight is no activation
+    return Parallel(model, mesh, plan, applied)
 
 
-def _sync_sequence_grads(module: nn.Module, comm) -> None:
-    """`sync_sequence_grads` on one pipeline stage's modules (the stage's share of the model)."""
-    from pipelib.tensor_parallel.apply import sync_sequence_grads
-
-    module.tp_comm, module.tp_sequence_parallel = comm, True
-    sync_sequence_grads(module)
-
-
-def _placements(model, plan, stages) -> dict:
-    from pipelib.placement import placements
-
-    stage_of = {id(p): st.index for st in reversed(stages or ()) for p in st.module.parameters()}
-    return placements(model, stage_of=stage_of, tp=plan.tp > 1)
+def _placements(model, applied) -> dict[str, Placement]:
+    """{name: Placement} of every parameter: the fields each strategy set, merged."""
+    fields: dict[str, dict] = {name: {} for name, _ in model.named_parameters()}
+    for a in applied:
+        for name, f in a.placements.items():
+            fields[name].update(f)
+    return {name: Placement(**f) for name, f in fields.items()}

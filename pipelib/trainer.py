@@ -123,11 +123,7 @@ def _on_cpu(tensors: dict) -> dict:
 
 def _reports_loss(mesh, par) -> bool:
     c = mesh.coords
-    if par.schedule is not None:
-        from pipelib.pipeline.gpt import tied_ranks
-
-        return c.dp == 0 and c.tp == 0 and c.cp == 0 and c.pp == tied_ranks(par.schedule)[1]
-    return c.dp == 0 and c.tp == 0 and c.cp == 0
+    return c.dp == 0 and c.tp == 0 and c.cp == 0 and par.reports_loss
 
 
 def global_loss(loss, mesh, par) -> float:
@@ -135,7 +131,7 @@ def global_loss(loss, mesh, par) -> float:
     sent from the rank that computed it to the others of its pipeline (also raw)."""
     value = torch.tensor([float(loss) if loss is not None else 0.0], dtype=torch.float64,
                          device=mesh.dev.torch_device)  # NCCL reduces GPU tensors only
-    if par.schedule is not None and mesh.size("pp") > 1:
+    if mesh.size("pp") > 1:
         dist.all_reduce(value, group=mesh["pp"])  # one stage holds it, the others add 0
     for axis in ("cp", "dp"):  # equal token counts: the mean of the shards' and replicas' means
         if mesh.size(axis) > 1:

@@ -69,7 +69,7 @@ def _cases():
     from pipelib.memory import gpt_activation_bytes
     from pipelib.model import GPT, MLP
     from pipelib.pipeline.explorer import Setting, explorer, explorer_sweep, predict
-    from pipelib.recompute.formulas import predict_policy
+    from pipelib.recompute.registry import predict_policy
     from pipelib.recompute.policies import apply_recompute
     from pipelib.tensor_parallel.formulas import tp_layer_activation_bytes, tp_layer_bytes, tp_step_counts
     from pipelib.tensor_parallel.plan import gpt_tp_plan, validate_plan

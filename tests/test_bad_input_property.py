@@ -73,7 +73,7 @@ def _signatures():
     from pipelib.data_parallel.efficiency import ddp_step_model
     from pipelib.memory import (gpt_activation_bytes, gpt_forward_flops, gpt_layer_activation_bytes,
                                 mlp_activation_bytes, mlp_forward_flops)
-    from pipelib.recompute.formulas import predict_policy
+    from pipelib.recompute.registry import predict_policy
     from pipelib.tensor_parallel import formulas as tp
 
     p2 = _pow2

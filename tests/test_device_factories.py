@@ -39,7 +39,7 @@ ALLOWED = MappingProxyType({
     "pipelib/data.py::spirals": ({"arange", "rand", "randn"}, _DATA),
     "pipelib/train.py::train_mlp": ({"randint"}, _DATA),
     "pipelib/pipeline/handwritten.py::_minibatches": ({"randint"}, _DATA + " (to_rank_device)"),
-    "pipelib/context_parallel/step.py::attention_inputs": ({"randn"}, _DATA),
+    "pipelib/context_parallel/partition.py::attention_inputs": ({"randn"}, _DATA),
     "pipelib/tensor_parallel/dtensor_twin.py::_tp_inputs": ({"randn"}, _DATA),
     "pipelib/expert_parallel/pipelined.py::pipeline_batch": ({"randn", "randint"}, _DATA),
     "pipelib/data_parallel/ddp_order.py::ddp_orders": ({"randn"}, _DATA),

@@ -308,3 +308,62 @@ def test_tp_and_pp_bytes_are_their_formulas(trace3d):
     act = rows // M3D * T * C * 4
     tied = sum(expected_bytes("all_reduce", (V // t * C,), 4, 2, r) for r in range(2))
     assert trace3d.bytes_sent(axis="pp") == STEPS3D * 4 * (2 * M3D * act + tied)
+
+
+def _snapshot(model):
+    return ({n: (type(m), set(vars(m))) for n, m in model.named_modules()},
+            {n: (p, set(vars(p))) for n, p in model.named_parameters()})
+
+
+def _stashed(fresh, snapshot, model) -> list[str]:
+    """The names a strategy added to any module's __dict__ that the same module of a `fresh`
+    model did not have (state stashed on the model: replacing what exists, such as a module or
+    `attn.core`, is the strategy's change, not its state), and new attributes on a parameter the
+    model had before (`snapshot`; a strategy's own new layers keep what they like on their own
+    new parameters)."""
+    modules, params = snapshot
+    added = []
+    for name, m in model.named_modules():
+        if name in modules and modules[name][0] is type(m):
+            before = fresh.get_submodule(name)
+            added += [f"{name or 'model'}.{k}" for k in set(vars(m)) - modules[name][1] if not hasattr(before, k)]
+    added += [f"{n}.{k}" for n, p in model.named_parameters() if n in params and p is params[n][0]
+              for k in set(vars(p)) - params[n][1]]
+    return sorted(added)
+
+
+def _state_left_on_the_model(plan_dict):
+    """On every engine: `_stashed` after `parallelize(model, mesh, plan)`."""
+    from pipelib.parallelize import parallelize
+    from pipelib.runtime.mesh import Mesh
+
+    plan = Plan.from_dict(plan_dict)
+    mesh = Mesh(plan.topology())
+    if not mesh.contains:
+        return []
+    model = RECIPE.build().float()  # ZeRO keeps fp32 buffers
+    snapshot = _snapshot(model)
+    par = parallelize(model, mesh, plan)
+    par.close()
+    return _stashed(RECIPE.build(), snapshot, model)
+
+
+@pytest.mark.parametrize("which, plan", [
+    ("cluster8", Plan(dp=2, tp=2, pp=2, sequence_parallel=True, data_parallel="zero1", recompute="full")),
+    ("cluster4", Plan(dp=2, cp=2)),
+], ids=["dp2tp2pp2-sp-zero1-recompute", "dp2cp2"])
+def test_no_strategy_leaves_state_as_attributes_on_the_model(request, which, plan):
+    cluster = request.getfixturevalue(which)
+    cluster.reset()
+    assert cluster.run(_state_left_on_the_model, plan.to_dict()) == [[]] * cluster.world_size
+
+
+def test_the_attribute_check_sees_state_stashed_on_the_model():
+    """The check above can fail: state written onto the model or a parameter is named, a
+    replaced method (`attn.core`, as recomputation and ring attention do) is not."""
+    model = RECIPE.build()
+    snapshot = _snapshot(model)
+    model.tp_comm = object()
+    model.blocks[0].attn.core = lambda *a: None
+    model.blocks[1].mlp.c_fc.weight.tp_dim = 0
+    assert _stashed(RECIPE.build(), snapshot, model) == ["blocks.1.mlp.c_fc.weight.tp_dim", "model.tp_comm"]

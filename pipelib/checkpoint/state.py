@@ -45,8 +45,9 @@ def _split_of(par, name: str, p) -> Split | None:
 
 
 def zero_wrappers(par) -> list:
-    """The ZeRO wrappers of this rank's data-parallel reducers (none under DDP or dp = 1)."""
-    return [r.zero for r in par.reducers if getattr(r, "zero", None) is not None]
+    """The ZeRO wrappers of this rank's data-parallel kind, the owner of its optimizer (none under
+    DDP or dp = 1: `data_parallel.kinds.Owned` holds one `ZeROReducer` per module)."""
+    return [r.zero for a in par.applied if a.optimizer is not None for r in a.optimizer.owners]
 
 
 def slots(par) -> list[_Held]:

@@ -82,11 +82,9 @@ def torch_all_to_all(x, group=None, *, root: int = 0, op: str = "sum"):
     """`dist.all_to_all_single` with tensor_split's chunk sizes: chunk j to rank j, at slot r."""
     import torch
 
-    from pipelib.comm.registry import chunk_sizes
-
     dist = _dist()
     n, me = dist.get_world_size(group), dist.get_rank(group)
-    sz = chunk_sizes(x.shape[0], n)
+    sz = [c.shape[0] for c in x.tensor_split(n)]  # torch's own cut, the definition chunk_sizes follows
     out = torch.empty((n * sz[me], *x.shape[1:]), dtype=x.dtype, device=x.device)
     dist.all_to_all_single(out, x.contiguous(), output_split_sizes=[sz[me]] * n, input_split_sizes=sz,
                            group=group)

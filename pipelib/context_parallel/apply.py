@@ -1,9 +1,9 @@
 """Context parallelism applied to an unaware GPT from outside: `parallelize`'s third step.
 
-    apply_context_parallel(model, mesh["cp"])           # ring attention, global positions
-    x, y = shard_tokens(x, y, mesh["cp"])               # this rank's columns of every row
+    cp = apply_context_parallel(model, mesh["cp"])      # ring attention, global positions
+    x, y = cp.shard_batch(x, y)                         # this rank's columns of every row
     loss = loss_of(model, x, y); loss.backward()
-    sync_context_grads(params, mesh["cp"])              # the mean over the cp ranks
+    cp.after_backward(model)                            # the mean over the cp ranks
 
 The strategy core of `model_step` (chapter 17), as `parallelize` composes it with the other
 axes: every attention's core becomes ring attention over the cp group (`attn.core`, the method
@@ -20,6 +20,7 @@ import functools
 import torch
 import torch.distributed as dist
 
+from pipelib.applied import Applied
 from pipelib.comm.collectives import all_reduce
 from pipelib.context_parallel.partition import check_layout, shard_positions
 from pipelib.context_parallel.ring import ring_attention
@@ -34,15 +35,17 @@ def _global_positions(n: int, rank: int, layout: str, module, args, kwargs):
 def apply_context_parallel(model, group, layout: str = "zigzag", *, global_positions: bool = True):
     """Make `model` (the book's GPT, possibly tensor-parallel) run on a shard of the sequence:
     ring attention over `group` in every block, global positions in the embedding
-    (`global_positions=False` leaves each shard at 0..c-1: the mistake chapter 17 shows)."""
+    (`global_positions=False` leaves each shard at 0..c-1: the mistake chapter 17 shows). Returns
+    what it leaves on the rank: how it cuts the batch (`shard_tokens`) and the mean of the
+    gradients over the group after backward (`sync_context_grads`)."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     if global_positions:
         model.embed.register_forward_pre_hook(functools.partial(_global_positions, n, rank, layout),
                                               with_kwargs=True)
     for block in model.blocks:
         block.attn.core = functools.partial(ring_attention, group=group, layout=layout, causal=True)
-    model.cp_group, model.cp_layout = group, layout
-    return model
+    return Applied(axis="cp", shard_batch=functools.partial(shard_tokens, group=group, layout=layout),
+                   after_backward=functools.partial(_sync_module, group=group))
 
 
 def shard_tokens(x: torch.Tensor, y: torch.Tensor, group, layout: str = "zigzag"):
@@ -63,6 +66,10 @@ def sum_flat(tensors, group, label: str = "cp gradient all-reduce") -> int:
         t.copy_(flat[offset:offset + t.numel()].view_as(t))
         offset += t.numel()
     return flat.numel()
+
+
+def _sync_module(module, group) -> int:
+    return sync_context_grads(list(module.parameters()), group)
 
 
 def sync_context_grads(params, group) -> int:

@@ -56,7 +56,9 @@ def _context_parallel_model(recipe, group, layout: str, context: str, global_pos
         raise ValueError(f"{context}: dropout={recipe.model.dropout} would draw different masks on each rank "
                          f"and in one process; use dropout=0.0 to compare with `cp_recipe(...).reference()`")
     check_layout(recipe.seq_len, n, layout, context=f"rank {dist.get_rank()}: {context}")
-    return apply_context_parallel(to_rank_device(recipe.build()), group, layout, global_positions=global_positions)
+    model = to_rank_device(recipe.build())
+    apply_context_parallel(model, group, layout, global_positions=global_positions)
+    return model
 
 
 def cp_train(config: GPTConfig, batch: int, seq_len: int, steps: int = 3, *, group=None, layout: str = "zigzag",

@@ -103,3 +103,15 @@ def imbalance(work) -> float:
     if not len(work) or sum(work) <= 0:
         raise ValueError(f"imbalance: work={list(work)!r}; pass each rank's work, at least one rank with work > 0")
     return max(work) * len(work) / sum(work)
+
+
+def attention_inputs(seq_len: int, batch: int = 1, heads: int = 4, head_dim: int = 8,
+                     dtype=torch.float64, seed: int = 0, kv_heads: int | None = None):
+    """The full (q, k, v, dout), each (B, H, S, D), the same on every rank for one seed; with
+    `kv_heads`, k and v keep their first H_kv heads (grouped-query attention)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, dout = [torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=torch.float64).to(dtype)
+                     for _ in range(4)]
+    if kv_heads is not None:
+        k, v = k[:, :kv_heads].contiguous(), v[:, :kv_heads].contiguous()
+    return [q, k, v, dout]

@@ -19,25 +19,13 @@ import torch
 import torch.distributed as dist
 
 from pipelib.checks import checked_by
-from pipelib.context_parallel.partition import check_layout, split_sequence
+from pipelib.context_parallel.partition import attention_inputs, check_layout, split_sequence
 from pipelib.context_parallel.variants import variant_info
 from pipelib.results import StepResult, check_against_reference
 from pipelib.runtime.device import current
 from pipelib.runtime.mesh import Mesh
 from pipelib.runtime.place import to_rank_device
 from pipelib.topology import Topology
-
-
-def attention_inputs(seq_len: int, batch: int = 1, heads: int = 4, head_dim: int = 8,
-                     dtype=torch.float64, seed: int = 0, kv_heads: int | None = None):
-    """The full (q, k, v, dout), each (B, H, S, D), the same on every rank for one seed; with
-    `kv_heads`, k and v keep their first H_kv heads (grouped-query attention)."""
-    g = torch.Generator().manual_seed(seed)
-    q, k, v, dout = [torch.randn(batch, heads, seq_len, head_dim, generator=g, dtype=torch.float64).to(dtype)
-                     for _ in range(4)]
-    if kv_heads is not None:
-        k, v = k[:, :kv_heads].contiguous(), v[:, :kv_heads].contiguous()
-    return [q, k, v, dout]
 
 
 def _check_attention_call(world_size, variant, seq_len, *, batch=1, heads=4, head_dim=8, layout="zigzag",

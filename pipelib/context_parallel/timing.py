@@ -24,7 +24,8 @@ import torch.distributed as dist
 from pipelib.context_parallel.blockwise import attend_pieces, attend_pieces_backward, merge_partials
 from pipelib.context_parallel.costs import forward_wait, overlap_stats
 from pipelib.context_parallel.partition import shard_pieces, split_sequence
-from pipelib.context_parallel.step import attention_inputs, attention_step
+from pipelib.context_parallel.partition import attention_inputs
+from pipelib.context_parallel.step import attention_step
 from pipelib.context_parallel.variants import variant_info
 from pipelib.runtime.device import current
 from pipelib.runtime.place import to_rank_device

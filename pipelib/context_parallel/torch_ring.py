@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipelib.context_parallel.partition import split_sequence
+from pipelib.context_parallel.partition import attention_inputs, split_sequence
 from pipelib.results import StepResult
 
 
@@ -44,7 +44,6 @@ def torch_ring_step(seq_len: int, *, batch: int = 1, heads: int = 4, head_dim: i
     contiguous `reference_attention`)."""
     from torch.distributed.tensor.experimental._context_parallel import _attention as A
 
-    from pipelib.context_parallel.step import attention_inputs
     from pipelib.runtime.device import current
 
     if current().torch_device.type != "cpu":

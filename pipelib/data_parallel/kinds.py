@@ -2,11 +2,15 @@
 
     DATA_PARALLEL["zero1"].wrap(stage_module, mesh["dp"], plan, optimizer)
 
-One entry per kind: DDP's buckets (chapter 07) or ZeRO stage 1, 2 or 3 (chapter 08). Every
-wrapper answers the same calls (`backward`, `finish_gradients`, `close`), and a kind that shards
-the optimizer (ZeRO) also steps it (`optimizer_step`, `zero_grad`) and gathers its shards for
-the check (`full`). `microbatched` says whether its reduction can wait for a pipeline stage's
-last microbatch (ZeRO-2 and -3 reduce each gradient as backward produces it).
+`apply_data_parallel(modules, group, kind, plan, optimizer, names)` wraps each module this rank
+holds and returns what the kind leaves on the rank (`pipelib.applied.Applied`): its backward,
+its reduction once a module's gradients are in, and, for a kind that shards the optimizer, the
+optimizer and the gathered shards. One entry per kind: DDP's buckets (chapter 07) or ZeRO stage
+1, 2 or 3 (chapter 08). Every wrapper answers the same calls (`backward`, `finish_gradients`,
+`close`), and a kind that shards the optimizer (ZeRO) also steps it (`optimizer_step`,
+`zero_grad`) and gathers its shards for the check (`full`). `microbatched` says whether its
+reduction can wait for a pipeline stage's last microbatch (ZeRO-2 and -3 reduce each gradient as
+backward produces it).
 
 Introduced in chapter 15.
 """
@@ -15,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import NamedTuple
+
+from pipelib.applied import Applied
 
 
 class DataParallelKind(NamedTuple):
@@ -98,3 +104,28 @@ class Owned:
     def zero_grad(self, set_to_none: bool = False) -> None:
         for r in self.owners:
             r.zero_grad()
+
+
+def apply_data_parallel(modules, group, kind: str, plan, optimizer: Callable, names: dict) -> Applied:
+    """Wrap each of `modules` (the model, or this rank's pipeline stages) with the data-parallel
+    `kind` over `group`; `names` maps id(parameter) to its monolith name (for ZeRO's gathered
+    shards). The record's `after_backward(module)` reduces that module's gradients."""
+    info = DATA_PARALLEL[kind]
+    reducers = {id(m): info.wrap(m, group, plan, optimizer) for m in modules}
+    first = reducers[id(modules[0])]
+
+    def whole(what: str) -> dict:
+        out = {}
+        for m in modules:
+            mine = {n: names[id(p)] for n, p in m.named_parameters()}
+            out.update({mine[n]: t for n, t in reducers[id(m)].full(what).items()})
+        return out
+
+    def close() -> None:
+        for r in reducers.values():
+            r.close()
+
+    return Applied(axis="dp", backward=first.backward,
+                   after_backward=lambda module: reducers[id(module)].finish_gradients(),
+                   optimizer=Owned(list(reducers.values())) if info.shards_optimizer else None,
+                   whole=whole if info.shards_optimizer else None, close=close)

@@ -139,7 +139,7 @@ def moe_pipeline_step(schedule, p: int, m: int, spec: MoESpec, sizes: PipeSizes 
     from pipelib.expert_parallel.training import sync_grads
     from pipelib.pipeline.executor import execute
     from pipelib.pipeline.stage import Stage
-    from pipelib.pipeline.step import resolve_schedule
+    from pipelib.pipeline.schedules import resolve_schedule
     from pipelib.runtime.device import current
     from pipelib.runtime.mesh import Mesh
     from pipelib.runtime.place import to_rank_device
@@ -171,7 +171,7 @@ def moe_pipeline_step(schedule, p: int, m: int, spec: MoESpec, sizes: PipeSizes 
 def moe_pipeline_reference(schedule, p: int, m: int, spec: MoESpec, sizes: PipeSizes = PipeSizes(), *,
                            ep: int) -> StepResult:
     """One process: every stage with all its experts, run in order on the whole batch."""
-    from pipelib.pipeline.step import resolve_schedule
+    from pipelib.pipeline.schedules import resolve_schedule
 
     s = resolve_schedule(schedule, p, m)
     modules = {k: MoEStage(spec, sizes, k, s.num_stages) for k in range(s.num_stages)}

@@ -10,7 +10,11 @@
 - `messages`: one step's messages: who receives what from whom, in which order (by tag, or
   by each sender's order under NCCL's rules);
 - `step`: the step API: `check_step`, `train_step`, `run_train_step` (checked against `Recipe(...).first_step()`);
-- `gpt`: the tiny GPT as a pipeline: stages cut between blocks, the tied embedding's gradient;
+- `apply`: `apply_pipeline`, `parallelize`'s first step: this rank's stages, its step through the
+  executor, the tied weight's sum (an `Applied` record);
+- `gpt_stages`: the tiny GPT cut into stages between blocks, and the tied embedding's gradient
+  summed (the cores `pipelib.parallelize` uses);
+- `gpt`: the tiny GPT's pipeline step on the cluster (chapters 12-14's runner);
 - `deepspeed_pipe`: DeepSpeed's pipeline engine (`PipelineModule`) on chapter 12's MLP without a
   launcher, beside the executor (chapter 19);
 - `blocking`: teaching foil: blocking sends and receives, which deadlock 1F1B (chapter 12);

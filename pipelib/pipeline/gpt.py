@@ -28,143 +28,24 @@ Introduced in chapter 12 (pipelining a real model); the executor is `pipelib.pip
 """
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from pipelib.batches import global_batch
 from pipelib.checks import check_int
-from pipelib.comm import collectives
-from pipelib.comm import p2p as comms
 from pipelib.model import GPT, GPTConfig, cross_entropy
 from pipelib.pipeline.executor import execute
-from pipelib.pipeline.schedules import Schedule, as_schedule
-from pipelib.pipeline.stage import Stage, layer_cost, partition
-from pipelib.pipeline.step import Runner, StepOptions, check_step, measured_run, resolve_schedule
+from pipelib.pipeline.gpt_stages import BALANCE_BY, gpt_stages, sum_tied_grads
+from pipelib.pipeline.schedules import Schedule, resolve_schedule
+from pipelib.pipeline.stage import Stage, partition
+from pipelib.pipeline.step import Runner, StepOptions, check_step, measured_run
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
 from pipelib.runtime.place import to_rank_device
 
-__all__ = ["PIPELINE_GPT", "gpt_stages", "gpt_unit_costs", "gpt_stage_costs", "tied_ranks",
-           "embedding_group", "sum_tied_grads", "check_gpt_step", "gpt_train_step",
-           "prepare_gpt_step", "run_gpt_train_step"]
+__all__ = ["PIPELINE_GPT", "check_gpt_step", "gpt_train_step", "prepare_gpt_step", "run_gpt_train_step"]
 
 # Eight blocks, so p=4 ranks with v=2 chunks each (8 stages) still get one block per stage.
 PIPELINE_GPT = GPTConfig(vocab_size=65, block_size=16, n_layer=8, n_head=2, n_embd=32)
-_TIE_TAG = 7000  # the tied-gradient exchange; apart from execute's tags (2 * stage + kind)
-
-
-_BY = ("params", "flops")
-
-
-def gpt_unit_costs(model: GPT, by: str = "flops", seq_len: int | None = None) -> list[float]:
-    """Cost of [embed, *blocks, head]: parameters (a stage's copy of the tied weight counts on
-    both ends), or forward FLOPs of one sequence of `seq_len` tokens (FlopCounterMode)."""
-    if by not in _BY:
-        raise ValueError(f"by={by!r}; use one of {_BY}")
-    units = [model.embed, *model.blocks, model.head]
-    if by == "params":
-        return [float(sum(q.numel() for q in u.parameters())) for u in units]
-    from torch.utils.flop_counter import FlopCounterMode
-
-    idx = torch.zeros(1, seq_len or model.config.block_size, dtype=torch.long,
-                      device=model.embed.wte.weight.device)  # (1, T)
-    out, x = [], idx
-    with torch.no_grad():
-        for u in units:
-            with FlopCounterMode(display=False) as fc:
-                x = u(x)  # (1, T, C), then (1, T, V)
-            out.append(float(fc.get_total_flops()))
-    return out
-
-
-def _block_costs(model: GPT, balance, seq_len=None):
-    """(partition's balance, one cost per block): embed folded into block 0, head into the last."""
-    if balance not in _BY:
-        return balance, [layer_cost(b) for b in model.blocks]
-    c = gpt_unit_costs(model, balance, seq_len)
-    blocks = c[1:-1]
-    blocks[0] += c[0]
-    blocks[-1] += c[-1]
-    return "cost", blocks
-
-
-def gpt_stage_costs(model: GPT, num_stages: int, balance="layers", by: str = "flops",
-                    seq_len: int | None = None) -> list[float]:
-    """Per stage of `gpt_stages(model, num_stages, balance)`: its parameters or forward FLOPs."""
-    c = gpt_unit_costs(model, by, seq_len)
-    bounds = partition(len(model.blocks), num_stages, *_block_costs(model, balance, seq_len))
-    return [sum(c[1 + i] for i in r) + (c[0] if k == 0 else 0) + (c[-1] if k == num_stages - 1 else 0)
-            for k, r in enumerate(bounds)]
-
-
-def gpt_stages(model: GPT, num_stages: int, balance="layers") -> list[nn.Sequential]:
-    """Cut `model` into `num_stages` `nn.Sequential`s of shared (not copied) modules.
-
-    Stage 0: [embed, its blocks]; last stage: [its blocks, head]; between: blocks only. With a
-    single stage: [embed, every block, head]. `balance` splits the blocks as
-    `pipelib.pipeline.stage.partition` does ("layers", "cost" or a list of block counts), or
-    "params" / "flops" to balance whole stages, embedding and head included (`gpt_unit_costs`).
-    """
-    blocks = list(model.blocks)
-    bounds = partition(len(blocks), num_stages, *_block_costs(model, balance))
-    stages = []
-    for k, r in enumerate(bounds):
-        mods = [model.embed] if k == 0 else []
-        mods += blocks[r.start:r.stop]
-        mods += [model.head] if k == num_stages - 1 else []
-        stages.append(nn.Sequential(*mods))
-    return stages
-
-
-def tied_ranks(schedule) -> tuple[int, int]:
-    """(rank of stage 0, rank of the last stage), in the schedule's group: the two copies."""
-    s = as_schedule(schedule)
-    return s.stage_to_rank[0], s.stage_to_rank[s.num_stages - 1]
-
-
-def embedding_group(schedule, pipeline_ranks=None):
-    """Megatron-LM's embedding group: the ranks of stage 0 and of the last stage.
-
-    Made by the mesh (`pipelib.runtime.mesh.make_group`: once per engine, kept on the device),
-    so call it on EVERY rank of the world, in the same order as any other group. `pipeline_ranks`
-    lists the global ranks of the pipeline's group (default 0..num_ranks-1); over a whole
-    `Mesh`, `mesh.tied_group(first, last)` gives the same pair at this rank's coordinates.
-    Returns None when one rank holds both stages.
-    """
-    from pipelib.runtime.mesh import make_group
-
-    first, last = tied_ranks(schedule)
-    if first == last:
-        return None
-    ranks = list(range(max(first, last) + 1)) if pipeline_ranks is None else list(pipeline_ranks)
-    return make_group((ranks[first], ranks[last]), "pp", kind="tied")
-
-
-def sum_tied_grads(weight: nn.Parameter, schedule, group=None, emb_group=None) -> None:
-    """Sum `weight.grad` over the rank of stage 0 and the rank of the last stage, in place.
-
-    With `emb_group` (from `embedding_group`), a ring all-reduce on it (`pipelib.comm.collectives`;
-    on 2 ranks each sends N = V*C*itemsize bytes); without, each of the two ranks sends its
-    (V, C) gradient to the other on `group` and adds what it receives (g_first + g_last on
-    both: the same float sum, bit for bit). Other ranks, and a rank holding both, do nothing.
-    """
-    s = as_schedule(schedule)
-    first, last = tied_ranks(s)
-    rank = dist.get_rank(group)
-    if first == last or rank not in (first, last):
-        return
-    if weight.grad is None:
-        raise RuntimeError(f"rank {rank}: the tied embedding/head weight has no gradient; run the "
-                           f"step's backward before sum_tied_grads")
-    grad = weight.grad  # (V, C)
-    if emb_group is not None:
-        collectives.all_reduce(grad, "sum", group=emb_group)
-        return
-    peer = last if rank == first else first
-    other = torch.empty_like(grad)  # (V, C)
-    comms.sendrecv(grad, peer, other, peer, group, tag=_TIE_TAG)
-    grad.add_(other)
 
 
 def _check_one_stage_split(s: Schedule) -> None:
@@ -189,7 +70,7 @@ def check_gpt_step(schedule, p=None, m=None, gpt_config=None, batch_size=None, *
         raise ValueError(f"GPTConfig(n_layer={cfg.n_layer}) has {cfg.n_layer} blocks but schedule "
                          f"{s.name!r} has num_stages={s.num_stages} stages; every stage needs at "
                          f"least one block: use n_layer >= {s.num_stages} or fewer stages")
-    partition(cfg.n_layer, s.num_stages, "cost" if balance in _BY else balance, [1.0] * cfg.n_layer)
+    partition(cfg.n_layer, s.num_stages, "cost" if balance in BALANCE_BY else balance, [1.0] * cfg.n_layer)
     _check_one_stage_split(s)
     if seq_len is not None and not 1 <= seq_len <= cfg.block_size:
         raise ValueError(f"seq_len={seq_len} must be between 1 and block_size={cfg.block_size}")

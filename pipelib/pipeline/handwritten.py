@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from pipelib.checks import check_int
 from pipelib.comm import p2p as comms
 from pipelib.pipeline.executor import execute
-from pipelib.pipeline.schedules import Op, gpipe, naive, schedule_info
+from pipelib.pipeline.schedules import Op, gpipe, naive, resolve_schedule, schedule_info
 from pipelib.pipeline.stage import Stage, partition, stage_modules
-from pipelib.pipeline.step import StepOptions, resolve_schedule
+from pipelib.pipeline.step import StepOptions
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
 from pipelib.runtime.place import to_rank_device

@@ -29,26 +29,14 @@ import torch.nn.functional as F
 from pipelib.batches import global_batch
 from pipelib.checks import check_int
 from pipelib.pipeline.executor import execute
-from pipelib.pipeline.schedules import Schedule, as_schedule, schedule_info, validate
+from pipelib.pipeline.schedules import Schedule, resolve_schedule, validate
 from pipelib.pipeline.stage import Stage, partition, stage_grads, stage_modules
 from pipelib.results import StepResult
 from pipelib.runtime.device import current
 from pipelib.runtime.place import to_rank_device
 
-__all__ = ["resolve_schedule", "check_step", "StepOptions", "train_step", "run_train_step",
+__all__ = ["check_step", "StepOptions", "train_step", "run_train_step",
            "timed_steps", "Runner", "prepare_step", "measured_run"]
-
-def resolve_schedule(schedule, p: int | None = None, m: int | None = None,
-                     num_chunks: int = 2) -> Schedule:
-    """A `Schedule` from a name or alias in `pipelib.pipeline.schedules.REGISTRY` (with p, m;
-    num_chunks for chunked ones) or a Schedule/dict."""
-    if not isinstance(schedule, str):
-        return as_schedule(schedule)
-    info = schedule_info(schedule)  # an unknown name: a ValueError listing the names
-    if p is None or m is None:
-        raise ValueError(f"schedule {schedule!r} by name needs p (ranks) and m (microbatches)")
-    return info.make(p, m, num_chunks)
-
 
 def check_step(schedule, p=None, m=None, model_config=None, batch_size=None, *,
                num_chunks: int = 2, world_size: int | None = None) -> Schedule:

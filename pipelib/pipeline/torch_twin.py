@@ -33,10 +33,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pipelib.pipeline.schedules import ALIASES, REGISTRY, Schedule, from_csv, schedule_info
+from pipelib.pipeline.schedules import ALIASES, REGISTRY, Schedule, from_csv, resolve_schedule, schedule_info
 from pipelib.pipeline.stage import stage_grads, stage_modules
 from pipelib.batches import global_batch
-from pipelib.pipeline.step import Runner, StepOptions, check_step, resolve_schedule, timed_steps
+from pipelib.pipeline.step import Runner, StepOptions, check_step, timed_steps
 from pipelib.results import StepResult
 
 __all__ = ["TORCH_SCHEDULES", "check_torch_step", "prepare_torch_step", "torch_train_step",

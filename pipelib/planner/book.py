@@ -3,7 +3,7 @@
 A `Strategy` with precision "fp32" is what `pipelib.trainer.run` trains (`to_plan`): fp32
 weights, gradients and Adam's two moments (16 bytes a parameter, plus a 4-byte step counter per
 tensor), pipelib's written-out attention, activations counted op by op as chapters 03, 09 and
-14 count them (`memory.gpt_activation_bytes`, `recompute.formulas.predict_policy`,
+14 count them (`memory.gpt_activation_bytes`, `recompute.registry.predict_policy`,
 `tensor_parallel.formulas.tp_layer_activation_bytes`), FLOPs as torch's counter counts the
 matmuls (`memory.gpt_forward_flops`, backward twice the forward), Adam's step as the memory
 traffic of `zero_formulas.adam_bytes_moved`, and every collective as the ring's alpha-beta time
@@ -50,7 +50,7 @@ def num_tensors(model: ModelSpec, lay: Strategy) -> int:
 def book_memory(model: ModelSpec, lay: Strategy, m: int) -> dict:
     """Bytes the fullest rank holds at its peak, itemised (a pipeline: every rank's, the largest)."""
     from pipelib.planner.memory import stage_params
-    from pipelib.recompute.formulas import predict_policy
+    from pipelib.recompute.registry import predict_policy
     from pipelib.tensor_parallel.formulas import tp_layer_activation_bytes
 
     if not policy_info(lay.recompute).keeps_all and (lay.pp > 1 or lay.tp > 1):

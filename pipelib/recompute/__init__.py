@@ -3,9 +3,10 @@
 - `policies`: `apply_recompute(model, policy, k)` (none, full, every_k, selective) and the one
   autograd.Function under them, `RerunForward`: keep a piece's inputs, rerun it in backward
   under the forward's random state and saved-tensor hooks; the plans (`segment_plan`, `chen_k`);
-- `registry`: pure: one entry per policy (its k, apply, formula and torch's twin);
+- `registry`: pure: one entry per policy (its k, apply, formula and torch's twin); the
+  prediction for a policy (`predict_policy`) and the best segment length (`best_k`);
 - `formulas`: pure (no torch): what each policy keeps, its peak saved-activation bytes and its
-  extra FLOPs (`predict_policy`), Korthikanti et al.'s selective headline at GPT-3 scale, for
+  extra FLOPs, Korthikanti et al.'s selective headline at GPT-3 scale, for
   attention written out or fused (FlashAttention: `fused_layer_bytes`);
 - `offload`: pure: offloading activations to host memory against recomputing them, for a model,
   a device profile and a host link (`offload_vs_recompute`);

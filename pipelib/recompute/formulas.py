@@ -173,28 +173,6 @@ def selective_cost(cfg, B, T, k, dt, mask_bytes) -> tuple[int, int, int]:
     return kept, max(kept, rerun), n * 4 * B * T * T * cfg.n_embd
 
 
-def predict_policy(cfg, batch: int, seq: int, policy: str, k: int | None = None,
-                   itemsize: int = 4, mask_bytes: int | None = None) -> PolicyCost:
-    """The prediction for the whole tiny GPT, forward with loss then backward (module doc):
-    `pipelib.recompute.registry.policy_info(policy).cost(...)`."""
-    from pipelib.recompute.registry import policy_info
-
-    check_activation_args("predict_policy", batch, seq, itemsize, mask_bytes)
-    if getattr(cfg, "flash", False):
-        raise ValueError("predict_policy counts the written-out attention; got a config with "
-                         "flash=True, whose core is one fused kernel (its CPU kernel is not in "
-                         "torch's FLOP counter either): use flash=False to compare")
-    return policy_info(policy).cost(cfg, batch, seq, k, itemsize, mask_bytes)
-
-
-def best_k(cfg, batch: int, seq: int, itemsize: int = 4, mask_bytes: int | None = None) -> int:
-    """The segment length with the lowest predicted peak (Chen's sqrt(n) when I ~ L). It depends
-    on L / I, so on what a block keeps: dropout's masks and matrices, fused attention."""
-    peaks = {k: predict_policy(cfg, batch, seq, "every_k", k, itemsize, mask_bytes).peak_bytes
-             for k in range(1, cfg.n_layer + 1)}
-    return min(peaks, key=lambda k: (peaks[k], k))
-
-
 def selective_headline(cfg=GPT3_175B, batch: int = 1, seq: int | None = None, *,
                        fused_attention: bool = False) -> dict:
     """Korthikanti et al.'s trade at 16 bits: activation memory saved, FLOPs added.

@@ -37,7 +37,19 @@ from pipelib.recompute.registry import POLICIES, chen_k, policy_info
 
 __all__ = ["POLICIES", "chen_k", "RerunForward", "rerun", "segment_plan", "check_policy", "apply_recompute",
            "keep_all", "rerun_segments", "rerun_core", "recompute_policy"]
-_TAG = "_pipelib_recompute"  # instance attribute naming the policy a module runs under
+class _Tagged:
+    """A forward (or attention core) a policy put on a module, with the policy's name: what
+    `recompute_policy` reads and `apply_recompute` removes (the module itself carries no tag)."""
+
+    def __init__(self, fn, policy: str):
+        self.fn, self.policy = fn, policy
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def _tags(m: nn.Module) -> list[_Tagged]:
+    return [v for k in ("forward", "core") if isinstance(v := m.__dict__.get(k), _Tagged)]
 
 
 def _active_hooks():
@@ -123,9 +135,9 @@ def _attentions(model: nn.Module) -> list[nn.Module]:
 
 def _clear(model: nn.Module) -> None:
     for m in model.modules():
-        if m.__dict__.pop(_TAG, None) is not None:
-            m.__dict__.pop("forward", None)
-            m.__dict__.pop("core", None)
+        for key in ("forward", "core"):
+            if isinstance(m.__dict__.get(key), _Tagged):
+                del m.__dict__[key]
 
 
 def _segment_forward(blocks: list[nn.Module]):
@@ -170,18 +182,15 @@ def rerun_segments(model: nn.Module, blocks: list[nn.Module], k: int, name: str)
     """full and every_k: segments of k blocks, each run by its first block under `rerun`."""
     for seg in segment_plan(len(blocks), k):
         members = [blocks[i] for i in seg]
-        members[0].forward = _segment_forward(members)
+        members[0].forward = _Tagged(_segment_forward(members), f"{name}:{k}")
         for b in members[1:]:
-            b.forward = _pass_through
-        for b in members:
-            setattr(b, _TAG, f"{name}:{k}")
+            b.forward = _Tagged(_pass_through, f"{name}:{k}")
 
 
 def rerun_core(model: nn.Module, blocks: list[nn.Module], k: None, name: str) -> None:
     """selective: every attention core keeps q, k, v and is rerun in backward."""
     for attn in _attentions(model):
-        attn.core = _core_forward(attn)
-        setattr(attn, _TAG, name)
+        attn.core = _Tagged(_core_forward(attn), name)
 
 
 def apply_recompute(model: nn.Module, policy: str = "full", k: int | None = None) -> nn.Module:
@@ -212,5 +221,5 @@ def apply_recompute(model: nn.Module, policy: str = "full", k: int | None = None
 
 def recompute_policy(model: nn.Module) -> str:
     """The policy `model` runs under: "none", "full:1", "every_k:3" or "selective"."""
-    tags = {getattr(m, _TAG) for m in model.modules() if hasattr(m, _TAG)}
+    tags = {t.policy for m in model.modules() for t in _tags(m)}
     return tags.pop() if len(tags) == 1 else ("none" if not tags else "mixed")

@@ -26,6 +26,7 @@ from importlib import import_module
 from types import MappingProxyType
 
 from pipelib.checks import check_int
+from pipelib.memory import check_activation_args
 from pipelib.recompute import formulas
 
 
@@ -100,3 +101,23 @@ def policy_info(policy: str) -> PolicyInfo:
     if info is None:
         raise ValueError(f"unknown recomputation policy {policy!r}; choose one of {POLICIES}")
     return info
+
+
+def predict_policy(cfg, batch: int, seq: int, policy: str, k: int | None = None,
+                   itemsize: int = 4, mask_bytes: int | None = None) -> formulas.PolicyCost:
+    """The prediction for the whole tiny GPT, forward with loss then backward (module doc):
+    `policy_info(policy).cost(...)`."""
+    check_activation_args("predict_policy", batch, seq, itemsize, mask_bytes)
+    if getattr(cfg, "flash", False):
+        raise ValueError("predict_policy counts the written-out attention; got a config with "
+                         "flash=True, whose core is one fused kernel (its CPU kernel is not in "
+                         "torch's FLOP counter either): use flash=False to compare")
+    return policy_info(policy).cost(cfg, batch, seq, k, itemsize, mask_bytes)
+
+
+def best_k(cfg, batch: int, seq: int, itemsize: int = 4, mask_bytes: int | None = None) -> int:
+    """The segment length with the lowest predicted peak (Chen's sqrt(n) when I ~ L). It depends
+    on L / I, so on what a block keeps: dropout's masks and matrices, fused attention."""
+    peaks = {k: predict_policy(cfg, batch, seq, "every_k", k, itemsize, mask_bytes).peak_bytes
+             for k in range(1, cfg.n_layer + 1)}
+    return min(peaks, key=lambda k: (peaks[k], k))

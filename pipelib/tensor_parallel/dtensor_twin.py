@@ -93,13 +93,19 @@ def _tp_build(config, t, impl, sequence_parallel, dtype, seed):
         raise ValueError(f"impl={impl!r}; use one of {IMPLS}")
     group = tp_group(t)
     if group is None:
-        return None, None
+        return None, None, None
     model = to_rank_device(GPT(config, seed).to(as_dtype(dtype)))  # seeded on the CPU, then moved
     if impl == "dtensor":
-        return _dtensor_tp_blocks(model, group, sequence_parallel), group
+        return _dtensor_tp_blocks(model, group, sequence_parallel), group, None
     plan = gpt_tp_plan(vocab=False, sequence_parallel=sequence_parallel)
     backend = "torch" if impl == "pipelib-torch" else "pipelib"
-    return apply_tensor_parallel(model, group, plan, backend=backend), group
+    return model, group, apply_tensor_parallel(model, group, plan, backend=backend)
+
+
+def _after_backward(model, tp) -> None:
+    """pipelib's tensor parallelism's sums after backward (sequence-parallel parameters)."""
+    if tp is not None and tp.after_backward is not None:
+        tp.after_backward(model)
 
 
 def _run_tp_blocks(model, x, w, group, sequence_parallel):
@@ -122,9 +128,9 @@ def _gather_tp_seq(x, group):
 
 def _tp_step(config, b, s, t, impl, sequence_parallel, dtype, seed, data_seed):
     from pipelib.placement import join_shards
-    from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients
+    from pipelib.tensor_parallel.apply import tp_full_gradients
 
-    model, group = _tp_build(config, t, impl, sequence_parallel, dtype, seed)
+    model, group, tp = _tp_build(config, t, impl, sequence_parallel, dtype, seed)
     if model is None:
         return None
     x, w = to_rank_device(_tp_inputs(config, b, s, dtype, data_seed))
@@ -138,7 +144,7 @@ def _tp_step(config, b, s, t, impl, sequence_parallel, dtype, seed, data_seed):
                     g = join_shards(list(g.chunk(t, dim=0)), 0, 3)
                 grads[n] = g.detach().clone()
     else:
-        sync_sequence_grads(model)
+        _after_backward(model, tp)
         grads = {n: g for n, g in tp_full_gradients(model, group).items() if n.startswith("blocks.")}
     dx, y = x.grad, y.detach()
     if sequence_parallel:
@@ -223,8 +229,7 @@ def _tp_gpt_step_fn(config, t, impl, sequence_parallel, seed):
     from torch.distributed.tensor.parallel import loss_parallel
 
     from pipelib.model import GPT
-    from pipelib.tensor_parallel.apply import sync_sequence_grads
-    from pipelib.tensor_parallel.step import build_tp_gpt, tp_forward, tp_group
+    from pipelib.tensor_parallel.step import build_tp_gpt, tp_group
 
     if impl == "dtensor":
         group = tp_group(t)
@@ -237,18 +242,19 @@ def _tp_gpt_step_fn(config, t, impl, sequence_parallel, seed):
             with loss_parallel():
                 torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1)).backward()
         return model, group, one_step
-    model, group = build_tp_gpt(config, t, sequence_parallel=sequence_parallel, seed=seed,
-                                backend="torch" if impl == "pipelib-torch" else "pipelib")
+    model, tp = build_tp_gpt(config, t, sequence_parallel=sequence_parallel, seed=seed,
+                             backend="torch" if impl == "pipelib-torch" else "pipelib")
+    if model is None:
+        return None, None, None
 
     def one_step(x, y):
-        tp_forward(model, x, y)[1].backward()
-        sync_sequence_grads(model)
-    return model, group, one_step
+        tp.forward_loss(model, x, y).backward()
+        _after_backward(model, tp)
+    return model, tp.comm.group, one_step
 
 
 def _tp_timed_setup(config, b, s, t, impl, sequence_parallel, seed, whole):
     """(model, group, one_step, args) for `timed_tp_steps`; (None, ...) outside the group."""
-    from pipelib.tensor_parallel.apply import sync_sequence_grads
     from pipelib.tensor_parallel.step import tp_recipe
 
     if impl not in IMPLS:
@@ -256,12 +262,11 @@ def _tp_timed_setup(config, b, s, t, impl, sequence_parallel, seed, whole):
     if whole:
         model, group, one_step = _tp_gpt_step_fn(config, t, impl, sequence_parallel, seed)
         return model, group, one_step, to_rank_device(tp_recipe(config, b, s).global_batch(0))
-    model, group = _tp_build(config, t, impl, sequence_parallel, "float32", seed)
+    model, group, tp = _tp_build(config, t, impl, sequence_parallel, "float32", seed)
 
     def one_step(x, w):
         _run_tp_blocks(model, x, w, group, sequence_parallel)
-        if impl != "dtensor":
-            sync_sequence_grads(model)
+        _after_backward(model, tp)
     return model, group, one_step, to_rank_device(_tp_inputs(config, b, s, "float32", 2))
 
 

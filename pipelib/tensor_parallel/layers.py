@@ -111,7 +111,6 @@ def gather_sequence_before(module: nn.Module, comm: TPComm, label: str) -> None:
         return (gather_sequence(args[0], comm, label), *args[1:])
 
     module.register_forward_pre_hook(hook)
-    module.tp_gathers_input = True
 
 
 def parallel_mlp(mlp: nn.Module, comm: TPComm, *, sequence_parallel: bool = False, name: str = "mlp") -> nn.Module:

@@ -51,11 +51,9 @@ class TPComm:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}; use one of {BACKENDS}")
-        if self.overlap and self.lanes is None:  # the lanes of this process's device
-            from pipelib.runtime.device import current
-            from pipelib.tensor_parallel.overlap import TPLanes
-
-            object.__setattr__(self, "lanes", TPLanes(current()))
+        if self.overlap and self.lanes is None:
+            raise ValueError("TPComm(overlap=True) hides dX's collective on the rank's compute and "
+                             "communication lanes: pass lanes=pipelib.tensor_parallel.overlap.TPLanes(device)")
 
     @property
     def uses_torch(self) -> bool:

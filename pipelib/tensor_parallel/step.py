@@ -46,29 +46,12 @@ def tp_recipe(config, b: int, s: int, *, dtype="float32", seed: int = 0, data_se
     return Recipe(config, batch_size=b, seq_len=s, seed=seed, data_seed=data_seed, dtype=dtype)
 
 
-def tp_forward(model, idx, targets):
-    """Embedding, blocks, head, loss of a model made by `apply_tensor_parallel`: (logits, loss),
-    the logits local to the rank (B, T, V/t) under a vocabulary-parallel head."""
-    from pipelib.model import cross_entropy
-    from pipelib.tensor_parallel.vocab import VocabParallelHead, vocab_parallel_cross_entropy
-
-    head = model.head.lm_head
-    if getattr(model, "tp_sequence_parallel", False) and not isinstance(head, VocabParallelHead):
-        raise ValueError("sequence parallelism on the whole GPT needs the vocabulary-parallel "
-                         "embedding and head: use gpt_tp_plan(vocab=True, sequence_parallel=True)")
-    x = model.embed(idx)  # (B, T, C), or (B, T/t, C) under sequence parallelism
-    for block in model.blocks:
-        x = block(x)
-    logits = model.head(x)  # (B, T, V/t) or (B, T, V)
-    if isinstance(head, VocabParallelHead):
-        return logits, vocab_parallel_cross_entropy(logits, targets, model.tp_comm, head.start)
-    return logits, cross_entropy(logits, targets)
-
-
-def _tp_measured_forward(model, idx, targets):
-    """tp_forward with the bytes autograd saves for backward counted on a fresh tracker of this
-    rank's device (parameters excluded): (logits, loss, saved activation bytes after the forward)."""
+def _tp_measured_forward(model, tp, idx, targets):
+    """`tp.forward_loss` (`apply.tp_forward`) with the bytes autograd saves for backward counted
+    on a fresh tracker of this rank's device (parameters excluded): (logits, loss, saved
+    activation bytes after the forward)."""
     from pipelib.runtime.device import current
+    from pipelib.tensor_parallel.apply import tp_forward
 
     dev = current()
     with dev.measure(fresh_memory=True):
@@ -76,14 +59,15 @@ def _tp_measured_forward(model, idx, targets):
         tracker.track_activations = True
         tracker.track_module(model)
         with tracker.saved_activations():
-            logits, loss = tp_forward(model, idx, targets)
+            logits, loss = tp_forward(model, idx, targets, tp.comm, sequence_parallel=tp.sequence_parallel)
     return logits, loss, tracker.bytes["activations"]
 
 
 def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, vocab: bool = True,
                  dtype: str = "float32", seed: int = 0, backend: str = "pipelib", overlap: bool = False):
-    """(model, group) on this rank: the full GPT(config, seed) split by `plan` (default
-    `gpt_tp_plan(vocab=..., sequence_parallel=...)`); (None, None) outside the group."""
+    """(model, tp) on this rank: the full GPT(config, seed) split by `plan` (default
+    `gpt_tp_plan(vocab=..., sequence_parallel=...)`) and what tensor parallelism leaves on the
+    rank (`apply.TensorParallel`: its comm, its group); (None, None) outside the group."""
     from pipelib.model import GPT
     from pipelib.tensor_parallel.apply import apply_tensor_parallel
     from pipelib.tensor_parallel.plan import gpt_tp_plan
@@ -93,7 +77,7 @@ def build_tp_gpt(config, t: int, *, plan=None, sequence_parallel: bool = False, 
         return None, None
     model = to_rank_device(GPT(config, seed).to(as_dtype(dtype)))  # seeded on the CPU, then split
     plan = plan if plan is not None else gpt_tp_plan(vocab=vocab, sequence_parallel=sequence_parallel)
-    return apply_tensor_parallel(model, group, plan, backend=backend, overlap=overlap), group
+    return model, apply_tensor_parallel(model, group, plan, backend=backend, overlap=overlap)
 
 
 def _check_tp_call(world_size, config, b, s, t, *, plan=None, sequence_parallel=False, vocab=True,
@@ -118,24 +102,25 @@ def tp_train_step(config, b: int, s: int, t: int, *, plan=None, sequence_paralle
     all-reduce), `local_params` (this rank's parameter elements), `activation_bytes` (what
     autograd saved for backward on this rank, measured by its device's memory tracker),
     `step_time` (timed: the clock's seconds from the forward to the gradients' last sum)."""
-    from pipelib.tensor_parallel.apply import sync_sequence_grads, tp_full_gradients
+    from pipelib.tensor_parallel.apply import tp_full_gradients
     from pipelib.tensor_parallel.plan import check_sequence_divisible
 
     from pipelib.runtime.device import current
 
-    model, group = build_tp_gpt(config, t, plan=plan, sequence_parallel=sequence_parallel, vocab=vocab,
-                                dtype=dtype, seed=seed, backend=backend, overlap=overlap)
+    model, tp = build_tp_gpt(config, t, plan=plan, sequence_parallel=sequence_parallel, vocab=vocab,
+                             dtype=dtype, seed=seed, backend=backend, overlap=overlap)
     if model is None:
         return None
-    if model.tp_sequence_parallel:
+    group = tp.comm.group
+    if tp.sequence_parallel:
         check_sequence_divisible(s, t)
     idx, targets = to_rank_device(tp_recipe(config, b, s, data_seed=data_seed).global_batch(0))
     clock = current().clock
     start = clock.now()
-    with model.tp_comm.lanes.timed() if timed else contextlib.nullcontext():
-        logits, loss, saved = _tp_measured_forward(model, idx, targets)
+    with tp.comm.lanes.timed() if timed else contextlib.nullcontext():
+        logits, loss, saved = _tp_measured_forward(model, tp, idx, targets)
         loss.backward()
-        sp_numel = sync_sequence_grads(model)
+        sp_numel = tp.after_backward(model) if tp.after_backward is not None else 0
     step_time = clock.now() - start
     grads = tp_full_gradients(model, group)
     logits = logits.detach()

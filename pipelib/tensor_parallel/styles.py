@@ -44,6 +44,8 @@ class Applying:
     comm: object
     sequence_parallel: bool
     tied: dict = field(default_factory=dict)
+    gathered: set = field(default_factory=set)     # id of each module whose input is all-gathered
+    sequence: list = field(default_factory=list)   # replicated parameters that see a sequence shard
 
 
 def _set(model, name: str, module) -> None:
@@ -102,7 +104,7 @@ class ColwiseParallel(_LinearStyle):
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
         _set(model, name, ColumnParallelLinear(module, ctx.comm, fused=self.fused, label=name,
                                                sequence_parallel=ctx.sequence_parallel,
-                                               gathered=getattr(parent, "tp_gathers_input", False)))
+                                               gathered=id(parent) in ctx.gathered))
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,7 @@ class HeadsParallel(ParallelStyle):
         module.n_head //= ctx.comm.size
         if ctx.sequence_parallel:
             gather_sequence_before(module, ctx.comm, name)
+            ctx.gathered.add(id(module))
 
 
 class _EmbeddingStyle(ParallelStyle):
@@ -214,8 +217,7 @@ class SequenceParallel(ParallelStyle):
                              f"{name} is a {type(module).__name__}")
 
     def apply(self, model, name, module, ctx):
-        for p in module.parameters():
-            p.tp_sequence = True
+        ctx.sequence.extend(module.parameters())
 
 
 @dataclass(frozen=True)

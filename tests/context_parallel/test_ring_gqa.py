@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from pipelib.context_parallel import costs
 from pipelib.context_parallel.partition import LAYOUTS, split_sequence
-from pipelib.context_parallel.step import attention_inputs, check_attention, reference_attention
+from pipelib.context_parallel.partition import attention_inputs
+from pipelib.context_parallel.step import check_attention, reference_attention
 from pipelib.runtime.errors import RankError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "comm"))

@@ -6,16 +6,10 @@ from pipelib.recipe import Recipe
 import torch
 
 from pipelib.model import GPT, GPTConfig
-from pipelib.pipeline.gpt import (
-    PIPELINE_GPT,
-    check_gpt_step,
-    gpt_stages,
-    gpt_train_step,
-    run_gpt_train_step,
-    tied_ranks,
-)
+from pipelib.pipeline.gpt import PIPELINE_GPT, check_gpt_step, gpt_train_step, run_gpt_train_step
+from pipelib.pipeline.gpt_stages import gpt_stages, tied_ranks
 from pipelib.pipeline.simulate import Costs
-from pipelib.pipeline.step import resolve_schedule
+from pipelib.pipeline.schedules import resolve_schedule
 from pipelib.results import check_against_reference
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("one_thread")]  # small models: 1 thread
@@ -91,7 +85,7 @@ def _tied_step(name, p, m, megatron):
     {first, last} group, which every rank must create."""
     import torch.distributed as dist
 
-    from pipelib.pipeline.gpt import embedding_group, tied_ranks
+    from pipelib.pipeline.gpt_stages import embedding_group, tied_ranks
     from pipelib.runtime.mesh import Mesh
 
     s = resolve_schedule(name, p, m)
@@ -128,7 +122,7 @@ def test_gpt_stages_put_embedding_and_head_at_the_ends():
 
 def test_flop_balance_beats_parameter_balance():
     """A big vocabulary: the embedding is parameters without FLOPs, the tied head FLOPs."""
-    from pipelib.pipeline.gpt import gpt_stage_costs, gpt_unit_costs
+    from pipelib.pipeline.gpt_stages import gpt_stage_costs, gpt_unit_costs
 
     model = GPT(GPTConfig(vocab_size=1024, block_size=16, n_layer=10, n_head=2, n_embd=32))
     params, flops = gpt_unit_costs(model, "params"), gpt_unit_costs(model, "flops")

@@ -7,11 +7,11 @@ import torch
 
 from pipelib.costmodel import get_profile
 from pipelib.model import MLPConfig
-from pipelib.pipeline.schedules import ScheduleDeadlock, as_schedule
+from pipelib.pipeline.schedules import ScheduleDeadlock, as_schedule, resolve_schedule
 from pipelib.pipeline.schedules.registry import REGISTRY
 from pipelib.pipeline.simulate import Costs, simulate
 from pipelib.pipeline.stage import partition, split_into_stages
-from pipelib.pipeline.step import check_step, resolve_schedule, run_train_step, train_step
+from pipelib.pipeline.step import check_step, run_train_step, train_step
 from pipelib.results import check_against_reference
 from pipelib.trace import Kind
 

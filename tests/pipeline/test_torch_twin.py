@@ -8,7 +8,8 @@ from pipelib.recipe import Recipe
 import torch
 
 from pipelib.model import MLPConfig
-from pipelib.pipeline.step import resolve_schedule, train_step
+from pipelib.pipeline.schedules import resolve_schedule
+from pipelib.pipeline.step import train_step
 from pipelib.pipeline.torch_twin import (
     TORCH_SCHEDULES,
     check_torch_step,

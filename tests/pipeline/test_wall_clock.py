@@ -25,7 +25,8 @@ import pytest
 from pipelib.costmodel import Link, get_profile
 from pipelib.model import MLPConfig
 from pipelib.pipeline.simulate import Costs, SimResult, simulate
-from pipelib.pipeline.step import resolve_schedule, train_step
+from pipelib.pipeline.schedules import resolve_schedule
+from pipelib.pipeline.step import train_step
 from pipelib.trace import Kind, Trace
 
 pytestmark = pytest.mark.cluster

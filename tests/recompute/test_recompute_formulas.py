@@ -5,14 +5,8 @@ import pytest
 
 from pipelib.memory import gpt_layer_activation_bytes, megatron_layer_activation_bytes
 from pipelib.model import GPTConfig
-from pipelib.recompute.formulas import (
-    GPT3_175B,
-    best_k,
-    core_activation_bytes,
-    predict_policy,
-    selective_headline,
-    selective_layer_bytes,
-)
+from pipelib.recompute.formulas import GPT3_175B, core_activation_bytes, selective_headline, selective_layer_bytes
+from pipelib.recompute.registry import best_k, predict_policy
 from pipelib.recompute.measure import measure_policy
 
 

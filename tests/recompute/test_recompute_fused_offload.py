@@ -7,9 +7,9 @@ import torch
 from pipelib.costmodel import LINKS, PROFILES
 from pipelib.memory import STATS_BYTES, gpt_layer_activation_bytes
 from pipelib.model import Block, GPTConfig
-from pipelib.recompute.formulas import (GPT3_175B, Shape, best_k, fused_layer_bytes, layer_bytes,
-                                        predict_policy, selective_headline)
+from pipelib.recompute.formulas import GPT3_175B, Shape, fused_layer_bytes, layer_bytes, selective_headline
 from pipelib.recompute.offload import offload_vs_recompute
+from pipelib.recompute.registry import best_k, predict_policy
 from pipelib.train import SavedActivations
 
 

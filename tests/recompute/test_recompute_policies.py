@@ -7,7 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipelib.memory import gpt_activation_bytes
 from pipelib.model import GPT, GPTConfig
-from pipelib.recompute.formulas import predict_policy
+from pipelib.recompute.registry import predict_policy
 from pipelib.batches import global_batch
 from pipelib.recompute.measure import bitwise_equal, measure_policy
 from pipelib.recompute.policies import apply_recompute, recompute_policy

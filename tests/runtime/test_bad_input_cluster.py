@@ -336,14 +336,14 @@ def tp_applied_twice():  # T14: a re-run %%px cell; the message did not say "alr
     from pipelib.tensor_parallel.plan import gpt_tp_plan
     from pipelib.tensor_parallel.step import build_tp_gpt
 
-    model, group = build_tp_gpt(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32), 2)
+    model, tp = build_tp_gpt(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, n_embd=32), 2)
     if model is not None:
-        apply_tensor_parallel(model, group, gpt_tp_plan())
+        apply_tensor_parallel(model, tp.comm.group, gpt_tp_plan())
 
 
 def test_tensor_parallel_applied_twice_says_already_split(c4):
-    _raises(c4, tp_applied_twice, ranks=(0, 1), match=r"this GPT is already split \(it has tp_comm, t=2\); build "
-                                                      r"a fresh model")
+    _raises(c4, tp_applied_twice, ranks=(0, 1), match=r"this GPT is already split \(embed.wte.weight is a shard\); "
+                                                      r"build a fresh model")
 
 
 def test_a_pipeline_whose_ranks_differ_in_m_says_so_before_the_step(c4):

@@ -88,15 +88,11 @@ def _plain_torch(rank, path, backend):
         out = {}
         for overlap in (False, True):
             model = GPT(cfg, seed=0).double()
-            apply_tensor_parallel(model, None, gpt_tp_plan(sequence_parallel=True), backend=backend,
-                                  overlap=overlap)
-            from pipelib.tensor_parallel.step import tp_forward
-
-            loss = tp_forward(model, x, y)[1]
+            tp = apply_tensor_parallel(model, None, gpt_tp_plan(sequence_parallel=True), backend=backend,
+                                       overlap=overlap)
+            loss = tp.forward_loss(model, x, y)
             loss.backward()
-            from pipelib.tensor_parallel.apply import sync_sequence_grads
-
-            sync_sequence_grads(model)
+            tp.after_backward(model)
             out[overlap] = tp_full_gradients(model, None)
         ref = GPT(cfg, seed=0).double()
         ref(x, y)[1].backward()

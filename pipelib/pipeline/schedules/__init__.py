@@ -9,7 +9,8 @@
   `llama3_interleaved` (Llama 3's tunable N microbatches per round);
 - `zero_bubble`: `zero_bubble_h1`, `zero_bubble_h2`, `interleaved_zero_bubble`, `zbv`,
   `dualpipe_v`;
-- `registry`: one `ScheduleInfo` per schedule (`REGISTRY`, `schedule_info`, `make_schedule`),
+- `registry`: one `ScheduleInfo` per schedule (`REGISTRY`, `schedule_info`, `make_schedule`,
+  `resolve_schedule`: a name or a Schedule to a Schedule),
   the only place where a schedule's name decides anything.
 
 Idle slots are never written into a schedule: they are an output of `pipelib.pipeline.simulate`.
@@ -36,7 +37,14 @@ from pipelib.pipeline.schedules.ir import (
     dependencies,
     format_table,
 )
-from pipelib.pipeline.schedules.registry import ALIASES, GENERATORS, REGISTRY, make_schedule, schedule_info
+from pipelib.pipeline.schedules.registry import (
+    ALIASES,
+    GENERATORS,
+    REGISTRY,
+    make_schedule,
+    resolve_schedule,
+    schedule_info,
+)
 from pipelib.pipeline.schedules.validation import (
     action_messages,
     check_channels,
@@ -62,5 +70,5 @@ __all__ = [
     "naive", "gpipe", "one_f_one_b", "interleaved_1f1b", "looped_bfs",
     "llama3_interleaved",
     "zero_bubble_h1", "zero_bubble_h2", "interleaved_zero_bubble", "zbv", "dualpipe_v",
-    "REGISTRY", "ALIASES", "GENERATORS", "schedule_info", "make_schedule",
+    "REGISTRY", "ALIASES", "GENERATORS", "schedule_info", "make_schedule", "resolve_schedule",
 ]

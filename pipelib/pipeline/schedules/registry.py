@@ -29,7 +29,7 @@ from pipelib.pipeline.schedules.generators import (
     naive,
     one_f_one_b,
 )
-from pipelib.pipeline.schedules.ir import Schedule
+from pipelib.pipeline.schedules.ir import Schedule, as_schedule
 from pipelib.pipeline.schedules.zero_bubble import (
     dualpipe_v,
     interleaved_zero_bubble,
@@ -222,3 +222,15 @@ def schedule_info(name: str) -> ScheduleInfo:
 def make_schedule(name: str, p: int, m: int, num_chunks: int | None = None) -> Schedule:
     """`schedule_info(name).make(p, m, num_chunks)`: a schedule by name or alias."""
     return schedule_info(name).make(p, m, num_chunks)
+
+
+def resolve_schedule(schedule, p: int | None = None, m: int | None = None,
+                     num_chunks: int = 2) -> Schedule:
+    """A `Schedule` from a name or alias in `pipelib.pipeline.schedules.REGISTRY` (with p, m;
+    num_chunks for chunked ones) or a Schedule/dict."""
+    if not isinstance(schedule, str):
+        return as_schedule(schedule)
+    info = schedule_info(schedule)  # an unknown name: a ValueError listing the names
+    if p is None or m is None:
+        raise ValueError(f"schedule {schedule!r} by name needs p (ranks) and m (microbatches)")
+    return info.make(p, m, num_chunks)
