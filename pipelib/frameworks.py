@@ -66,7 +66,7 @@ def _model(recipe):
 
 def _micro(recipe, plan) -> int:
     rows = recipe.batch_size // plan.dp
-    return rows // plan.microbatches if plan.pp > 1 else rows
+    return rows // plan.pipeline.microbatches if plan.pp > 1 else rows
 
 
 def to_megatron_args(recipe, plan) -> list[str]:
@@ -81,18 +81,18 @@ def to_megatron_args(recipe, plan) -> list[str]:
             "--global-batch-size", recipe.batch_size, "--train-iters", recipe.steps, "--lr", recipe.lr,
             "--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp,
             "--context-parallel-size", plan.cp]
-    if plan.sequence_parallel and plan.tp > 1:
+    if plan.tensor.sequence_parallel and plan.tp > 1:
         args.append("--sequence-parallel")
-    dp = _DP[plan.data_parallel][0]
+    dp = _DP[plan.data.kind][0]
     if isinstance(dp, str):
-        raise ValueError(f"to_megatron_args: data_parallel={plan.data_parallel!r}: {dp}")
+        raise ValueError(f"to_megatron_args: data_parallel={plan.data.kind!r}: {dp}")
     args += list(dp)
     if plan.pp > 1:
-        info = schedule_info(plan.schedule)
+        info = schedule_info(plan.pipeline.schedule)
         if not info.in_megatron:
             from pipelib.pipeline.schedules.registry import REGISTRY
 
-            raise ValueError(f"to_megatron_args: schedule={plan.schedule!r}: Megatron-LM runs 1F1B and "
+            raise ValueError(f"to_megatron_args: schedule={plan.pipeline.schedule!r}: Megatron-LM runs 1F1B and "
                              f"interleaved 1F1B; use one of {[n for n, i in REGISTRY.items() if i.in_megatron]}")
         if info.chunked:  # interleaved: two model chunks per rank, as `parallelize` cuts them
             args += ["--num-layers-per-virtual-pipeline-stage", m.n_layer // (plan.pp * 2)]
@@ -107,7 +107,7 @@ def to_deepspeed_config(recipe, plan) -> dict:
     DeepSpeed's `PipelineModule(num_stages=pp)` in code and its microbatches the gradient
     accumulation steps; tensor parallelism is AutoTP's `tensor_parallel.autotp_size`."""
     _model(recipe)
-    stage = _DP[plan.data_parallel][1]
+    stage = _DP[plan.data.kind][1]
     micro = _micro(recipe, plan)
     cfg = {"train_batch_size": recipe.batch_size, "train_micro_batch_size_per_gpu": micro,
            "gradient_accumulation_steps": recipe.batch_size // (plan.dp * micro),
@@ -132,18 +132,18 @@ def to_torchtitan_toml(recipe, plan) -> str:
     from pipelib.pipeline.schedules import schedule_info
 
     m = _model(recipe)
-    dp = _DP[plan.data_parallel][2]
+    dp = _DP[plan.data.kind][2]
     if isinstance(dp, str):
-        raise ValueError(f"to_torchtitan_toml: data_parallel={plan.data_parallel!r}: {dp}")
+        raise ValueError(f"to_torchtitan_toml: data_parallel={plan.data.kind!r}: {dp}")
     replicate, shard = (plan.dp, 1) if dp[0] == "replicate" else (1, plan.dp)
     parallelism = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                    "tensor_parallel_degree": plan.tp, "pipeline_parallel_degree": plan.pp,
                    "context_parallel_degree": plan.cp}
     if plan.pp > 1:
-        torch_class = schedule_info(plan.schedule).torch_class
+        torch_class = schedule_info(plan.pipeline.schedule).torch_class
         if torch_class is None:
-            raise ValueError(f"to_torchtitan_toml: schedule={plan.schedule!r} has no torch.distributed.pipelining "
-                             f"class for torchtitan to run")
+            raise ValueError(f"to_torchtitan_toml: schedule={plan.pipeline.schedule!r} has no "
+                             f"torch.distributed.pipelining class for torchtitan to run")
         parallelism["pipeline_parallel_schedule"] = torch_class.removeprefix("Schedule")
         parallelism["pipeline_parallel_microbatch_size"] = _micro(recipe, plan)
     tables = {"training": {"local_batch_size": recipe.batch_size // plan.dp, "global_batch_size": recipe.batch_size,
@@ -160,19 +160,19 @@ def to_torchtitan_toml(recipe, plan) -> str:
 
 def framework_table(recipe, plan) -> list[FrameworkSetting]:
     """One row per concept of the run: pipelib's value and each framework's spelling of it."""
-    dp = _DP[plan.data_parallel]
+    dp = _DP[plan.data.kind]
     mega_dp = None if isinstance(dp[0], str) else " ".join(dp[0]) or "(default DDP)"
     titan_dp = None if isinstance(dp[2], str) else f"data_parallel_{dp[2][0]}_degree = {plan.dp}"
     recompute = _RECOMPUTE[plan.recompute]
     return [
         FrameworkSetting("data parallel", f"dp={plan.dp}", "(the ranks left over)", "(the ranks left over)", titan_dp),
-        FrameworkSetting("data-parallel kind", plan.data_parallel, mega_dp, f'zero_optimization.stage = {dp[1]}',
+        FrameworkSetting("data-parallel kind", plan.data.kind, mega_dp, f'zero_optimization.stage = {dp[1]}',
                 titan_dp, note="; ".join(x for x in (dp[0], dp[2]) if isinstance(x, str))),
         FrameworkSetting("tensor parallel", f"tp={plan.tp}", f"--tensor-model-parallel-size {plan.tp}",
                 f"tensor_parallel.autotp_size = {plan.tp}", f"tensor_parallel_degree = {plan.tp}"),
-        FrameworkSetting("sequence parallel", str(plan.sequence_parallel), "--sequence-parallel", None,
+        FrameworkSetting("sequence parallel", str(plan.tensor.sequence_parallel), "--sequence-parallel", None,
                 "(on with tensor_parallel_degree > 1)", note="DeepSpeed's AutoTP has no sequence parallelism"),
-        FrameworkSetting("pipeline parallel", f"pp={plan.pp}, {plan.schedule}, m={plan.microbatches}",
+        FrameworkSetting("pipeline parallel", f"pp={plan.pp}, {plan.pipeline.schedule}, m={plan.pipeline.microbatches}",
                 f"--pipeline-model-parallel-size {plan.pp}", f"PipelineModule(num_stages={plan.pp}) in code",
                 f"pipeline_parallel_degree = {plan.pp}"),
         FrameworkSetting("context parallel", f"cp={plan.cp}", f"--context-parallel-size {plan.cp}",

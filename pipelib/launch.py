@@ -189,7 +189,7 @@ def load_plan_and_recipe(plan_path: str | None, recipe_path: str | None, overrid
     None for unset) applied to whichever of the two has the field."""
     import dataclasses
 
-    from pipelib.parallelize import Plan
+    from pipelib.plan import PLAN_FLAGS, Plan
     from pipelib.recipe import Recipe
 
     def read(path):
@@ -199,13 +199,12 @@ def load_plan_and_recipe(plan_path: str | None, recipe_path: str | None, overrid
             return json.load(f)
 
     plan, recipe = Plan.from_dict(read(plan_path)), Recipe.from_dict(read(recipe_path))
-    plan_fields = {f.name for f in dataclasses.fields(Plan)}
     recipe_fields = {f.name for f in dataclasses.fields(Recipe)}
     for k, v in overrides.items():
         if v is None:
             continue
-        if k in plan_fields:
-            plan = dataclasses.replace(plan, **{k: v})
+        if k in PLAN_FLAGS:
+            plan = plan.replace(**{k: v})
         elif k in recipe_fields:
             recipe = dataclasses.replace(recipe, **{k: v})
         else:

@@ -23,108 +23,22 @@ under the monolith's names. Introduced in chapter 15; one-strategy chapters are 
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from pipelib.applied import Applied
 from pipelib.context_parallel.apply import apply_context_parallel
-from pipelib.data_parallel.kinds import DATA_PARALLEL, apply_data_parallel
+from pipelib.data_parallel.kinds import apply_data_parallel
 from pipelib.pipeline.apply import apply_pipeline
 from pipelib.pipeline.gpt_stages import tied_ranks
-from pipelib.pipeline.schedules import resolve_schedule
 from pipelib.placement import Placement
+from pipelib.plan import Plan
 from pipelib.recompute.policies import apply_recompute
-from pipelib.recompute.registry import policy_info
 from pipelib.runtime.device import current
 from pipelib.tensor_parallel.apply import apply_tensor_parallel
 from pipelib.tensor_parallel.plan import gpt_tp_plan
-from pipelib.topology import DEFAULT_ORDER, Topology
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The degrees of every axis and how each strategy is set: small, frozen, printable, JSON."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    data_parallel: str = "ddp"         # a key of DATA_PARALLEL
-    bucket_bytes: int = 25 << 20
-    sequence_parallel: bool = False
-    vocab_parallel: bool = True
-    schedule: str = "1f1b"             # a name in pipelib.pipeline.schedules' registry
-    microbatches: int = 2
-    recompute: str = "none"            # a policy of pipelib.recompute.policies
-    order: tuple[str, ...] = DEFAULT_ORDER
-
-    def __post_init__(self):
-        object.__setattr__(self, "order", tuple(self.order))
-        self.topology()  # degrees and order checked, errors name the values
-        if self.data_parallel not in DATA_PARALLEL:
-            raise ValueError(f"Plan: data_parallel={self.data_parallel!r}; use one of {list(DATA_PARALLEL)}")
-        if self.cp > 1 and (self.pp > 1 or self.sequence_parallel or not policy_info(self.recompute).keeps_all
-                            or not DATA_PARALLEL[self.data_parallel].microbatched):
-            raise ValueError(f"Plan: cp={self.cp} composes with dp and tp, not yet with pp={self.pp}, "
-                             f"sequence_parallel={self.sequence_parallel}, recompute={self.recompute!r} or "
-                             f"data_parallel={self.data_parallel!r} (it must reduce after the backward: 'ddp' "
-                             f"or 'zero1'); use those with cp=1")
-        if self.pp > 1 and not DATA_PARALLEL[self.data_parallel].microbatched:
-            raise ValueError(f"Plan: data_parallel={self.data_parallel!r} with pp={self.pp}: it reduces each "
-                             f"gradient as backward produces it, once per microbatch; use 'ddp' or 'zero1' "
-                             f"with a pipeline (as Megatron-LM's distributed optimizer and DeepSpeed do)")
-
-    def topology(self) -> Topology:
-        return Topology(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, order=self.order)
-
-    def check(self, recipe, world_size: int | None = None) -> None:
-        """Every check that needs no engine: the plan against the recipe and the cluster."""
-        from pipelib.model import GPTConfig
-
-        if world_size is not None:
-            self.topology().check_world(world_size)
-        rows = recipe.batch_size // self.dp
-        if recipe.batch_size % self.dp or rows % (self.microbatches if self.pp > 1 else 1):
-            raise ValueError(f"Plan: batch_size={recipe.batch_size} does not split into dp={self.dp} ranks"
-                             + (f" x {self.microbatches} microbatches" if self.pp > 1 else "")
-                             + f"; use a multiple of {self.dp * (self.microbatches if self.pp > 1 else 1)}")
-        if self.dp > 1 and DATA_PARALLEL[self.data_parallel].shards_optimizer and recipe.dtype != torch.float32:
-            raise ValueError(f"Plan: data_parallel={self.data_parallel!r} keeps fp32 flat buffers, but the recipe's "
-                             f"dtype is {recipe.dtype}; use Recipe(dtype=torch.float32) or data_parallel='ddp'")
-        if (self.tp > 1 or self.pp > 1 or self.cp > 1) and not isinstance(recipe.model, GPTConfig):
-            raise ValueError("Plan: tp, pp and cp split the GPT's blocks or its sequence; use a GPTConfig recipe")
-        seq_len = recipe.seq_len or getattr(recipe.model, "block_size", 0)
-        if self.cp > 1 and seq_len % (2 * self.cp):
-            raise ValueError(f"Plan: cp={self.cp} cuts each sequence into {2 * self.cp} zigzag chunks, but "
-                             f"the recipe's sequences are {seq_len} tokens; use a multiple of {2 * self.cp}")
-        stages = resolve_schedule(self.schedule, self.pp, self.microbatches).num_stages if self.pp > 1 else 1
-        if self.pp > 1 and recipe.model.n_layer < stages:  # an interleaved schedule cuts 2 stages per rank
-            raise ValueError(f"Plan: pp={self.pp} with {self.schedule!r} cuts {stages} stages but the GPT has "
-                             f"n_layer={recipe.model.n_layer} blocks; every stage needs one: use n_layer >= {stages}")
-
-    def __str__(self) -> str:
-        degrees = " x ".join(f"{a}={getattr(self, a)}" for a in ("dp", "tp", "pp", "cp") if getattr(self, a) > 1)
-        extra = [self.data_parallel] if self.dp > 1 else []
-        extra += [f"{self.schedule}, m={self.microbatches}"] if self.pp > 1 else []
-        extra += ["sequence parallel"] if self.sequence_parallel and self.tp > 1 else []
-        extra += [f"recompute {self.recompute}"] if self.recompute != "none" else []
-        return f"Plan({degrees or '1 rank'}{': ' + '; '.join(extra) if extra else ''})"
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["order"] = list(self.order)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Plan:
-        known = {f.name for f in dataclasses.fields(cls)}
-        if set(d) - known:
-            raise ValueError(f"Plan.from_dict: unknown keys {sorted(set(d) - known)}; use some of {sorted(known)}")
-        return cls(**d)
 
 
 class Parallel:
@@ -225,13 +139,14 @@ def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | Non
     (params -> torch optimizer) is what a data-parallel kind that shards it builds (ZeRO)."""
     applied: list[Applied] = []
     if plan.pp > 1:  # 1. pipeline stages
-        schedule = resolve_schedule(plan.schedule, plan.pp, plan.microbatches)
-        applied.append(apply_pipeline(model, mesh["pp"], schedule, mesh.tied_group(*tied_ranks(schedule))))
+        schedule = plan.pipeline.schedule_for(plan.pp)
+        applied.append(apply_pipeline(model, mesh["pp"], schedule, mesh.tied_group(*tied_ranks(schedule)),
+                                      layers=plan.pipeline.layers))
     if plan.tp > 1:  # 2. tensor (and sequence) parallelism
-        applied.append(apply_tensor_parallel(model, mesh["tp"], gpt_tp_plan(vocab=plan.vocab_parallel,
-                                                                            sequence_parallel=plan.sequence_parallel)))
+        applied.append(apply_tensor_parallel(model, mesh["tp"], gpt_tp_plan(
+            vocab=plan.tensor.vocab_parallel, sequence_parallel=plan.tensor.sequence_parallel)))
     if plan.cp > 1:  # 3. context parallelism: ring attention, global positions
-        applied.append(apply_context_parallel(model, mesh["cp"]))
+        applied.append(apply_context_parallel(model, mesh["cp"], plan.context.layout))
     modules = applied[0].modules if plan.pp > 1 else [model]
     if plan.recompute != "none":  # 4. recomputation (nothing left on the rank but the model's change)
         for m in modules:
@@ -240,8 +155,7 @@ def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | Non
     dev.memory.track_module(*modules)  # what this rank holds (ZeRO then counts its shards instead)
     if plan.dp > 1:  # 5. data parallelism, last: it wraps what the others made
         names = {id(p): n for n, p in model.named_parameters()}
-        applied.append(apply_data_parallel(modules, mesh["dp"], plan.data_parallel, plan,
-                                           optimizer or torch.optim.Adam, names))
+        applied.append(apply_data_parallel(modules, mesh["dp"], plan.data, optimizer or torch.optim.Adam, names))
         dev.memory.parameters_moved(*modules)  # ZeRO's flat buffers: a saved weight is no activation
     return Parallel(model, mesh, plan, applied)
 

@@ -41,7 +41,7 @@ def test_the_device_outside_a_cluster_is_the_gpu(nccl):
 
 def test_trainer_on_cuda_equals_one_process_on_cpu(nccl):
     from pipelib.model import GPTConfig
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
     from pipelib.recipe import Recipe
     from pipelib.results import check_against_reference
     from pipelib.trainer import train_plan
@@ -110,13 +110,13 @@ def test_ddp_bf16_hook_on_cuda_rounds_each_gradient_to_bf16(nccl):
 
 def test_parallelize_with_zero_on_cuda(nccl):
     from pipelib.model import GPTConfig
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
     from pipelib.recipe import Recipe
     from pipelib.results import check_against_reference
     from pipelib.trainer import train_plan
 
     recipe = Recipe(GPTConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, n_embd=16), batch_size=4, steps=3)
-    result = train_plan(recipe, Plan(data_parallel="zero1"))
+    result = train_plan(recipe, Plan(data="zero1"))
     check_against_reference([result], recipe.reference(), rtol=1e-4, atol=1e-5)
 
 

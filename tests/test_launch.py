@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from pipelib.launch import check_torchrun_world, choose_device, load_plan_and_recipe, torchrun_env
-from pipelib.parallelize import Plan
+from pipelib.plan import Plan
 from pipelib.recipe import Recipe
 
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -9,7 +9,7 @@ import torch
 from pipelib.comm.alphabeta import expected_bytes
 from pipelib.data_parallel.zero_formulas import zero_comm_bytes
 from pipelib.model import GPTConfig
-from pipelib.parallelize import Plan
+from pipelib.plan import PipelineOptions, Plan, TensorOptions
 from pipelib.planner.book import pipeline_rank_params
 from pipelib.planner.spec import ModelSpec
 from pipelib.planner.strategy import Strategy
@@ -58,17 +58,17 @@ def _tp_shard_numel(cfg, t):
 
 
 def test_dp2_pp2_with_the_stage_hook_equals_one_process_and_bytes_per_axis(cluster4):
-    plan = Plan(dp=2, pp=2, schedule="1f1b", microbatches=2)
+    plan = Plan(dp=2, pp=2, pipeline=PipelineOptions("1f1b", microbatches=2))
     results = run(cluster4, RECIPE, plan)
     trace = cluster4.trace()
     check_against_reference(results, RECIPE.reference(), shared=True)
     model = RECIPE.build()
     # pp: each microbatch's activation forward and its gradient back, (rows/m, T, C) float64,
     # plus the tied embedding/head gradient summed over the first and last stage (V x C)
-    rows = RECIPE.batch_size // 2 // plan.microbatches
+    rows = RECIPE.batch_size // 2 // plan.pipeline.microbatches
     act = rows * GPT.block_size * GPT.n_embd * 8
     tied = _all_reduce_bytes(GPT.vocab_size * GPT.n_embd, 2)
-    assert trace.bytes_sent(axis="pp") == RECIPE.steps * 2 * (2 * plan.microbatches * act + tied)
+    assert trace.bytes_sent(axis="pp") == RECIPE.steps * 2 * (2 * plan.pipeline.microbatches * act + tied)
     # dp: each stage's parameters all-reduced once per step, when its last backward is done
     stage0 = [model.embed, *model.blocks[:1]]
     stage1 = [*model.blocks[1:], model.head]
@@ -99,7 +99,7 @@ def test_dp2_tp2_pp2_every_axis_at_once_equals_one_process_and_bytes_per_axis(cl
     both, 8 ranks; each axis's bytes from the trace equal its formula."""
     from pipelib.tensor_parallel.formulas import tp_step_counts
 
-    plan = Plan(dp=2, tp=2, pp=2, microbatches=2)
+    plan = Plan(dp=2, tp=2, pp=2, pipeline=PipelineOptions(microbatches=2))
     results = run(cluster8, RECIPE, plan)
     trace = cluster8.trace()
     check_against_reference(results, RECIPE.reference(), shared=True)
@@ -110,9 +110,9 @@ def test_dp2_tp2_pp2_every_axis_at_once_equals_one_process_and_bytes_per_axis(cl
     assert trace.bytes_sent(axis="tp") == RECIPE.steps * 2 * 2 * (c.forward_bytes + c.backward_bytes)
     # pp: in each of the 4 pipelines (dp x tp), every microbatch's activation and its gradient,
     # and the tied embedding/head shard (V/t x C) summed over the first and last stage
-    act = rows // plan.microbatches * T * C * 8
+    act = rows // plan.pipeline.microbatches * T * C * 8
     tied = _all_reduce_bytes(V // t * C, 2)
-    assert trace.bytes_sent(axis="pp") == RECIPE.steps * 4 * (2 * plan.microbatches * act + tied)
+    assert trace.bytes_sent(axis="pp") == RECIPE.steps * 4 * (2 * plan.pipeline.microbatches * act + tied)
     # dp: each stage's tp shard all-reduced once per step over its 2 dp ranks, for both tp ranks;
     # the last stage's head is the embedding's shard (tied), held by both stages
     stage0 = V // t * C + T * C + _block_shard_numel(GPT, t)
@@ -127,7 +127,7 @@ def test_dp2_tp2_pp2_with_zero1_over_dp_equals_one_process(cluster8):
     SGD: Adam would turn the key bias's gradient, zero in exact arithmetic and
     rounding noise in fp32, into steps of lr size (chapter 09)."""
     recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2, optimizer="sgd")
-    results = run(cluster8, recipe, Plan(dp=2, tp=2, pp=2, microbatches=2, data_parallel="zero1"))
+    results = run(cluster8, recipe, Plan(dp=2, tp=2, pp=2, data="zero1", pipeline=PipelineOptions(microbatches=2)))
     agreed = check_against_reference(results, recipe.reference(), shared=True, rtol=1e-5, atol=1e-6)
     assert agreed.num_losses == 3 and cluster8.trace().bytes_sent(axis="dp") > 0
 
@@ -137,36 +137,38 @@ def test_sequence_parallel_inside_interleaved_pipeline_stages_equals_one_process
     over tp when its last backward is done, and half the activation bytes between stages."""
     gpt = GPTConfig(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_embd=16)
     recipe = Recipe(gpt, batch_size=8, steps=3, lr=1e-2, dtype=torch.float64)
-    plan = Plan(tp=2, pp=2, schedule="interleaved_1f1b", microbatches=2, sequence_parallel=True)
+    plan = Plan(tp=2, pp=2, pipeline=PipelineOptions("interleaved_1f1b", microbatches=2),
+                tensor=TensorOptions(sequence_parallel=True))
     results = run(cluster4, recipe, plan)
     check_against_reference(results, recipe.reference(), shared=True)
-    rows, T, C = recipe.batch_size // plan.microbatches, gpt.block_size, gpt.n_embd
+    m = plan.pipeline.microbatches
+    rows, T, C = recipe.batch_size // m, gpt.block_size, gpt.n_embd
     act = rows * T // 2 * C * 8  # (rows/m, T/t, C) float64: the sequence shard crosses the stages
     tied = _all_reduce_bytes(gpt.vocab_size // 2 * C, 2)
     # 4 stages on 2 ranks: 3 boundaries, each crossed forward and backward per microbatch, in both tp pipelines
-    assert cluster4.trace().bytes_sent(axis="pp") == recipe.steps * 2 * (3 * 2 * plan.microbatches * act + tied)
+    assert cluster4.trace().bytes_sent(axis="pp") == recipe.steps * 2 * (3 * 2 * m * act + tied)
 
 
 def test_plan_prints_round_trips_and_checks_before_any_engine_work():
-    plan = Plan(dp=2, pp=2, microbatches=4)
+    plan = Plan(dp=2, pp=2, pipeline=PipelineOptions(microbatches=4))
     assert str(plan) == "Plan(dp=2 x pp=2: ddp; 1f1b, m=4)"
     assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     assert Recipe.from_dict(json.loads(json.dumps(RECIPE.to_dict()))) == RECIPE
     with pytest.raises(ValueError, match="batch_size=8 does not split into dp=2 ranks x 3 microbatches"):
-        Plan(dp=2, pp=2, microbatches=3).check(Recipe(GPT, batch_size=8))
+        Plan(dp=2, pp=2, pipeline=PipelineOptions(microbatches=3)).check(Recipe(GPT, batch_size=8))
     with pytest.raises(ValueError, match="needs 8 ranks but the cluster has 4"):
         Plan(dp=4, pp=2).check(RECIPE, 4)
-    with pytest.raises(ValueError, match="data_parallel='zero9'"):
-        Plan(dp=2, data_parallel="zero9")
+    with pytest.raises(ValueError, match="data kind 'zero9'"):
+        Plan(dp=2, data="zero9")
     with pytest.raises(ValueError, match="'interleaved_1f1b' cuts 4 stages but the GPT has n_layer=3 blocks"):
-        Plan(pp=2, schedule="interleaved_1f1b").check(Recipe(dataclasses.replace(GPT, n_layer=3), batch_size=8))
+        Plan(pp=2, pipeline="interleaved_1f1b").check(Recipe(dataclasses.replace(GPT, n_layer=3), batch_size=8))
 
 
 @pytest.mark.parametrize("sizes, kind", [(dict(dp=2, tp=2), "zero1"), (dict(dp=2, tp=2), "zero3"),
                                          (dict(dp=2, pp=2), "zero1"), (dict(dp=2, tp=2), "ddp_overlap")])
 def test_zero_and_overlapped_ddp_over_the_dp_axis_compose_too(cluster4, sizes, kind):
     recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2)  # ZeRO's flat buffers are fp32 (and the others alike)
-    plan = Plan(**sizes, data_parallel=kind)
+    plan = Plan(**sizes, data=kind)
     results = run(cluster4, recipe, plan)
     check_against_reference(results, recipe.reference(), shared=True, rtol=1e-4, atol=1e-5)
     assert all(r.peak_bytes > 0 for r in results)
@@ -174,7 +176,7 @@ def test_zero_and_overlapped_ddp_over_the_dp_axis_compose_too(cluster4, sizes, k
 
 def test_zero2_and_zero3_refuse_a_pipeline():
     with pytest.raises(ValueError, match="once per microbatch; use 'ddp' or 'zero1'"):
-        Plan(dp=2, pp=2, data_parallel="zero2")
+        Plan(dp=2, pp=2, data="zero2")
 
 
 def test_zero_refuses_a_model_it_would_silently_train_in_another_precision(cluster4):
@@ -182,9 +184,9 @@ def test_zero_refuses_a_model_it_would_silently_train_in_another_precision(clust
     from pipelib.trainer import train_plan
 
     with pytest.raises(ValueError, match="keeps fp32 flat buffers, but the recipe's dtype is torch.float64"):
-        run(cluster4, RECIPE, Plan(dp=2, data_parallel="zero1"))  # RECIPE is fp64: refused in the notebook
+        run(cluster4, RECIPE, Plan(dp=2, data="zero1"))  # RECIPE is fp64: refused in the notebook
     with pytest.raises(RankError, match="trainable parameters in torch.float64; its flat buffers"):
-        cluster4.run(train_plan, RECIPE, Plan(dp=4, data_parallel="zero1"))  # and by ZeRO itself
+        cluster4.run(train_plan, RECIPE, Plan(dp=4, data="zero1"))  # and by ZeRO itself
 
 
 def test_the_trainers_peak_is_every_category_parameters_gradients_optimizer_activations(cluster4):
@@ -225,11 +227,11 @@ def test_context_parallelism_of_the_whole_model_composes_and_equals_one_process(
 
 def test_context_parallelism_with_zero1_and_its_refusals(cluster4):
     recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2, optimizer="sgd")  # fp32 ZeRO; SGD: see below
-    results = run(cluster4, recipe, Plan(dp=2, cp=2, data_parallel="zero1"))
+    results = run(cluster4, recipe, Plan(dp=2, cp=2, data="zero1"))
     # fp32: the ring sums in another order; Adam would turn the key biases' gradients (zero in
     # exact arithmetic: softmax ignores a shift of every score in a row) into lr-sized steps
     check_against_reference(results, recipe.reference(), shared=True, rtol=1e-5, atol=1e-6)
-    for bad in (dict(pp=2), dict(tp=2, sequence_parallel=True), dict(data_parallel="zero2", dp=2)):
+    for bad in (dict(pp=2), dict(tp=2, tensor=TensorOptions(sequence_parallel=True)), dict(data="zero2", dp=2)):
         with pytest.raises(ValueError, match="cp=2 composes with dp and tp, not yet with"):
             Plan(cp=2, **bad)
     with pytest.raises(ValueError, match="the recipe.s sequences are 8 tokens; use a multiple of 16"):
@@ -290,7 +292,7 @@ STEPS3D, BATCH3D, M3D = 3, 8, 2
 @pytest.fixture(scope="module")
 def trace3d(cluster8):
     run(cluster8, Recipe(GPT3D, batch_size=BATCH3D, steps=STEPS3D, lr=1e-2),
-        Plan(dp=2, tp=2, pp=2, microbatches=M3D, data_parallel="zero1"))
+        Plan(dp=2, tp=2, pp=2, data="zero1", pipeline=PipelineOptions(microbatches=M3D)))
     return cluster8.trace()
 
 
@@ -349,7 +351,7 @@ def _state_left_on_the_model(plan_dict):
 
 
 @pytest.mark.parametrize("which, plan", [
-    ("cluster8", Plan(dp=2, tp=2, pp=2, sequence_parallel=True, data_parallel="zero1", recompute="full")),
+    ("cluster8", Plan(dp=2, tp=2, pp=2, recompute="full", data="zero1", tensor=TensorOptions(sequence_parallel=True))),
     ("cluster4", Plan(dp=2, cp=2)),
 ], ids=["dp2tp2pp2-sp-zero1-recompute", "dp2cp2"])
 def test_no_strategy_leaves_state_as_attributes_on_the_model(request, which, plan):
@@ -367,3 +369,16 @@ def test_the_attribute_check_sees_state_stashed_on_the_model():
     model.blocks[0].attn.core = lambda *a: None
     model.blocks[1].mlp.c_fc.weight.tp_dim = 0
     assert _stashed(RECIPE.build(), snapshot, model) == ["blocks.1.mlp.c_fc.weight.tp_dim", "model.tp_comm"]
+
+
+def test_uneven_pipeline_stages_equal_one_process(cluster4):
+    """Plan.pipeline.layers: 1 block on stage 0 (with the embedding), 3 on stage 1 (with the head),
+    as Llama 3 405B's 126 layers sit on 16 stages; the parameters' stages follow the split."""
+    gpt = GPTConfig(vocab_size=64, block_size=8, n_layer=4, n_head=2, n_embd=16)
+    recipe = Recipe(gpt, batch_size=8, steps=2, lr=1e-2, dtype=torch.float64)
+    plan = Plan(pp=2, pipeline=PipelineOptions(microbatches=2, layers=(1, 3)))
+    results = run(cluster4, recipe, plan)
+    check_against_reference(results, recipe.reference(), shared={"embed.wte.weight"})
+    held = [set(r.params) for r in results[:2]]
+    assert {n.split(".")[1] for n in held[0] if n.startswith("blocks.")} == {"0"}
+    assert {n.split(".")[1] for n in held[1] if n.startswith("blocks.")} == {"1", "2", "3"}

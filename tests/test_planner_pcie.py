@@ -9,7 +9,7 @@ import pytest
 from pipelib.costmodel import LINKS, Link
 from pipelib.data_parallel.efficiency import ddp_step_model, scaled_profile
 from pipelib.model import GPTConfig
-from pipelib.parallelize import Plan
+from pipelib.plan import DataOptions, Plan
 from pipelib.planner.book import scale_model_profile
 from pipelib.recipe import Recipe
 from pipelib.trainer import run
@@ -43,7 +43,7 @@ def test_ddp_on_4_gpus_over_pcie_clocked_beside_alpha_beta():
         one = max(r.times[-1] for r in run(c, Recipe(STAND_IN, batch_size=BATCH, steps=2, lr=1e-3), Plan())
                   if r is not None)
         four = {kind: max(r.times[-1] for r in run(c, Recipe(STAND_IN, batch_size=4 * BATCH, steps=2, lr=1e-3),
-                                                     Plan(dp=4, data_parallel=kind, bucket_bytes=bucket)))
+                                                     Plan(dp=4, data=DataOptions(kind, bucket_bytes=bucket))))
                 for kind in ("ddp", "ddp_overlap")}
     alone = ddp_step_model(STAND_IN, BATCH, 1, prof, bucket_bytes=bucket).step
     predicted = {kind: alone / ddp_step_model(STAND_IN, BATCH, 4, prof, bucket_bytes=bucket,

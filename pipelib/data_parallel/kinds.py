@@ -1,8 +1,8 @@
 """The ways to reduce gradients over the data-parallel axis, as `pipelib.parallelize` applies them.
 
-    DATA_PARALLEL["zero1"].wrap(stage_module, mesh["dp"], plan, optimizer)
+    DATA_PARALLEL["zero1"].wrap(stage_module, mesh["dp"], plan.data, optimizer)
 
-`apply_data_parallel(modules, group, kind, plan, optimizer, names)` wraps each module this rank
+`apply_data_parallel(modules, group, options, optimizer, names)` wraps each module this rank
 holds and returns what the kind leaves on the rank (`pipelib.applied.Applied`): its backward,
 its reduction once a module's gradients are in, and, for a kind that shards the optimizer, the
 optimizer and the gathered shards. One entry per kind: DDP's buckets (chapter 07) or ZeRO stage
@@ -24,7 +24,8 @@ from pipelib.applied import Applied
 
 
 class DataParallelKind(NamedTuple):
-    """One way to reduce gradients over the dp axis. `wrap(module, group, plan, optimizer)`
+    """One way to reduce gradients over the dp axis. `wrap(module, group, options, optimizer)`
+    (options: the plan's `DataOptions`)
     returns an object with `backward(loss)` (timed), `finish_gradients()` (the reduction, once
     per step), `close()`; with `shards_optimizer`, also `optimizer_step()`, `zero_grad()` and
     `full(what)` ({name in the module: whole tensor}), since it steps its own shards."""
@@ -38,10 +39,10 @@ class DataParallelKind(NamedTuple):
 
 def _ddp(step: str):
     """A DDP step of chapter 07 (`steps.DDP_STEPS`) on the dp group, the plan's bucket size."""
-    def wrap(module, group, plan, optimizer):
+    def wrap(module, group, options, optimizer):
         from pipelib.data_parallel.steps import DDP_STEPS
 
-        return DDP_STEPS[step].wrap(module, group, comm="pipelib", bucket_bytes=plan.bucket_bytes)
+        return DDP_STEPS[step].wrap(module, group, comm="pipelib", bucket_bytes=options.bucket_bytes)
     return wrap
 
 
@@ -76,7 +77,7 @@ class ZeROReducer:
 
 
 def _zero(stage):
-    return lambda module, group, plan, optimizer: ZeROReducer(module, group, stage, optimizer)
+    return lambda module, group, options, optimizer: ZeROReducer(module, group, stage, optimizer)
 
 
 DATA_PARALLEL = MappingProxyType({k.name: k for k in (
@@ -106,12 +107,13 @@ class Owned:
             r.zero_grad()
 
 
-def apply_data_parallel(modules, group, kind: str, plan, optimizer: Callable, names: dict) -> Applied:
+def apply_data_parallel(modules, group, options, optimizer: Callable, names: dict) -> Applied:
     """Wrap each of `modules` (the model, or this rank's pipeline stages) with the data-parallel
-    `kind` over `group`; `names` maps id(parameter) to its monolith name (for ZeRO's gathered
-    shards). The record's `after_backward(module)` reduces that module's gradients."""
-    info = DATA_PARALLEL[kind]
-    reducers = {id(m): info.wrap(m, group, plan, optimizer) for m in modules}
+    kind of `options` (a plan's `DataOptions`) over `group`; `names` maps id(parameter) to its
+    monolith name (for ZeRO's gathered shards). The record's `after_backward(module)` reduces
+    that module's gradients."""
+    info = DATA_PARALLEL[options.kind]
+    reducers = {id(m): info.wrap(m, group, options, optimizer) for m in modules}
     first = reducers[id(modules[0])]
 
     def whole(what: str) -> dict:

@@ -109,41 +109,41 @@ def _race_pipeline(schedule: str):
 
 # ------------------------------------------------------------------ the checks
 def check_ddp(ctx: Context) -> Measured:
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
 
-    row = spine_row(ctx, gpt_recipe(ctx), Plan(dp=ctx.world, data_parallel="ddp_overlap"))
+    row = spine_row(ctx, gpt_recipe(ctx), Plan(dp=ctx.world, data="ddp_overlap"))
     return _raced(ctx, row, race_ddp)
 
 
 def check_zero3(ctx: Context) -> Measured:
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
 
-    row = spine_row(ctx, gpt_recipe(ctx, torch.float32, "sgd"), Plan(dp=ctx.world, data_parallel="zero3"))
+    row = spine_row(ctx, gpt_recipe(ctx, torch.float32, "sgd"), Plan(dp=ctx.world, data="zero3"))
     return _raced(ctx, row, race_zero3)
 
 
 def check_tp_sp(ctx: Context) -> Measured:
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan, TensorOptions
 
-    row = spine_row(ctx, gpt_recipe(ctx), Plan(tp=ctx.world, sequence_parallel=True))
+    row = spine_row(ctx, gpt_recipe(ctx), Plan(tp=ctx.world, tensor=TensorOptions(sequence_parallel=True)))
     return _raced(ctx, row, race_tp)
 
 
 def check_pipeline(schedule: str, ctx: Context) -> Measured:
-    from pipelib.parallelize import Plan
+    from pipelib.plan import PipelineOptions, Plan
 
     n = ctx.world
-    row = spine_row(ctx, gpt_recipe(ctx), Plan(pp=n, schedule=schedule, microbatches=2 * n))
+    row = spine_row(ctx, gpt_recipe(ctx), Plan(pp=n, pipeline=PipelineOptions(schedule, microbatches=2 * n)))
     return _raced(ctx, row, _race_pipeline(schedule))
 
 
 def check_ring_attention(ctx: Context) -> Measured:
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
 
     return spine_row(ctx, gpt_recipe(ctx), Plan(cp=ctx.world))
 
 
 def check_recompute(ctx: Context) -> Measured:
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
 
     return spine_row(ctx, gpt_recipe(ctx), Plan(dp=ctx.world, recompute="full"))

@@ -20,14 +20,15 @@ from pipelib.pipeline.schedules import Schedule
 from pipelib.pipeline.stage import Stage
 
 
-def apply_pipeline(model, group, schedule: Schedule, tied_group=None) -> Applied:
+def apply_pipeline(model, group, schedule: Schedule, tied_group=None, *, layers=None) -> Applied:
     """Cut `model` (the book's GPT) into `schedule`'s stages and keep this rank's (its index in
     `group`); return what the pipeline leaves on the rank: its stage modules, each parameter's
-    stage, its step, and whether this rank computes the loss (it holds the last stage)."""
+    stage, its step, and whether this rank computes the loss (it holds the last stage).
+    `layers`: the blocks of each stage (uneven stages); None: equal counts."""
     import torch.distributed as dist
 
     me = dist.get_rank(group)
-    cut = gpt_stages(model, schedule.num_stages)
+    cut = gpt_stages(model, schedule.num_stages, "layers" if layers is None else list(layers))
     stages = [Stage(cut[k], k, schedule.num_stages) for k in schedule.stages_of(me)]
     names = {id(p): n for n, p in model.named_parameters()}
     stage_of = {names[id(p)]: st.index for st in reversed(stages) for p in st.module.parameters()}

@@ -33,12 +33,14 @@ def gpt_config(model: ModelSpec, n_layer: int | None = None):
 
 
 def to_plan(lay: Strategy, m: int):
-    """The `pipelib.parallelize.Plan` the trainer runs for this layout (m microbatches a step)."""
-    from pipelib.parallelize import Plan
+    """The `pipelib.plan.Plan` the trainer runs for this layout (m microbatches a step)."""
+    from pipelib.plan import PipelineOptions, Plan, TensorOptions
 
-    return Plan(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, data_parallel=TRAINER_KINDS[lay.zero],
-                sequence_parallel=lay.sequence_parallel and lay.tp > 1, schedule=lay.schedule,
-                microbatches=m if lay.pp > 1 else 2, recompute=lay.recompute, order=lay.order)
+    return Plan(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, recompute=lay.recompute, order=lay.order,
+                data=TRAINER_KINDS[lay.zero],
+                pipeline=PipelineOptions(lay.schedule, microbatches=m if lay.pp > 1 else 2,
+                                         virtual=lay.virtual if lay.virtual > 1 else None),
+                tensor=TensorOptions(sequence_parallel=lay.sequence_parallel and lay.tp > 1))
 
 
 def num_tensors(model: ModelSpec, lay: Strategy) -> int:

@@ -145,7 +145,7 @@ def run_tp(cluster, config, b: int, s: int, t: int, **kw):
 
 def tp_train(recipe, t: int, *, sequence_parallel: bool = False) -> StepResult | None:
     """`recipe.steps` optimizer steps of the GPT split over ranks 0..t-1: the trainer's run of
-    `Plan(tp=t, sequence_parallel=...)` (`pipelib.trainer.train_plan`), to compare with
+    `Plan(tp=t, tensor=TensorOptions(sequence_parallel=...))` (`pipelib.trainer.train_plan`), to compare with
     `recipe.reference()` (chapter 09 trains on the book's character corpus:
     `Recipe(..., data="corpus")`). Adam is elementwise, so each rank updates its shard alone.
     Every rank returns the last step's gradients and every parameter, whole; the loss rank
@@ -154,7 +154,7 @@ def tp_train(recipe, t: int, *, sequence_parallel: bool = False) -> StepResult |
     loosely: a gradient that is zero in exact arithmetic (the key bias: softmax ignores a shift)
     is rounding noise of 1e-9, which Adam divides by its own square root plus eps = 1e-8 and
     turns into steps of lr size; fp64 keeps it below eps."""
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan, TensorOptions
     from pipelib.trainer import train_plan
 
-    return train_plan(recipe, Plan(tp=t, sequence_parallel=sequence_parallel))
+    return train_plan(recipe, Plan(tp=t, tensor=TensorOptions(sequence_parallel=sequence_parallel)))

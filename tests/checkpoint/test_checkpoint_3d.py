@@ -18,15 +18,16 @@ def _worker(rank, path):
 
     from test_checkpoint_reshard import _reshard, _resume
 
-    from pipelib.parallelize import Plan
+    from pipelib.plan import PipelineOptions, Plan
 
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(path, "store"), WORLD)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=90))
     out = {}
-    for name, fn in (("resume", lambda: _resume(path, "3d", Plan(dp=2, tp=2, pp=2, microbatches=2))),
-                     ("reshard", lambda: _reshard(path, "3d-re", Plan(dp=2, tp=2, pp=2, microbatches=2,
-                                                                       data_parallel="zero1"), Plan(dp=4, tp=2)))):
+    m2 = PipelineOptions(microbatches=2)
+    for name, fn in (("resume", lambda: _resume(path, "3d", Plan(dp=2, tp=2, pp=2, pipeline=m2))),
+                     ("reshard", lambda: _reshard(path, "3d-re", Plan(dp=2, tp=2, pp=2, data="zero1", pipeline=m2),
+                                                  Plan(dp=4, tp=2)))):
         try:
             out[name] = fn()
         except Exception:

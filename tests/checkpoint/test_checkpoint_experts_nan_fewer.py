@@ -88,9 +88,9 @@ def _ep_2_to_1(path):
 
 def _nan_zero(path, kind):
     from pipelib.checkpoint.resume import equal_state, train_resumable
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
 
-    recipe, plan = _recipe(3), Plan(dp=4, data_parallel=kind)
+    recipe, plan = _recipe(3), Plan(dp=4, data=kind)
     hit = train_resumable(recipe, plan, os.path.join(path, kind, "hit"), save_every=3, nan_at=(1, 2))
     ref = train_resumable(recipe, plan, os.path.join(path, kind, "ref"), save_every=3, skip_steps=(1,))
     plain = train_resumable(recipe, plan, os.path.join(path, kind, "plain"), save_every=3)
@@ -104,7 +104,7 @@ def _nan_zero(path, kind):
 
 def _fewer(path):
     from pipelib.checkpoint.resume import train_resumable
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
 
     recipe = _recipe(6)
     whole = train_resumable(recipe, Plan(dp=4), os.path.join(path, "fewer", "whole"), save_every=6)

@@ -86,7 +86,7 @@ def _nan_skip(path):
     """A NaN in rank 2's gradients at step 1 (after DDP's all-reduce: a local failure): every
     rank skips step 1, and the run equals one told to skip step 1, on every rank."""
     from pipelib.checkpoint.resume import equal_state, train_resumable
-    from pipelib.parallelize import Plan
+    from pipelib.plan import Plan
 
     recipe, plan = _recipe(3), Plan(dp=4)
     hit = train_resumable(recipe, plan, os.path.join(path, "nan", "hit"), save_every=3, nan_at=(1, 2))
@@ -99,22 +99,23 @@ def _nan_skip(path):
 
 
 def _scenarios():
-    from pipelib.parallelize import Plan
+    from pipelib.plan import PipelineOptions, Plan
 
     return {
         "dp4_to_dp2": lambda p: _reshard(p, "dp42", Plan(dp=4), Plan(dp=2)),
         "dp2_to_dp4": lambda p: _reshard(p, "dp24", Plan(dp=2), Plan(dp=4)),
         "tp2_to_tp1": lambda p: _reshard(p, "tp21", Plan(tp=2), Plan()),
-        "zero3_4_to_2": lambda p: _reshard(p, "z342", Plan(dp=4, data_parallel="zero3"),
-                                           Plan(dp=2, data_parallel="zero3")),
-        "ddp_to_zero3": lambda p: _reshard(p, "dz3", Plan(dp=2), Plan(dp=4, data_parallel="zero3")),
-        "pp2dp2_to_pp4": lambda p: _reshard(p, "pp24", Plan(pp=2, dp=2, microbatches=2), Plan(pp=4, microbatches=4)),
-        "dp2tp2_to_tp2": lambda p: _reshard(p, "dt2", Plan(dp=2, tp=2, data_parallel="zero1"), Plan(tp=2)),
+        "zero3_4_to_2": lambda p: _reshard(p, "z342", Plan(dp=4, data="zero3"),
+                                           Plan(dp=2, data="zero3")),
+        "ddp_to_zero3": lambda p: _reshard(p, "dz3", Plan(dp=2), Plan(dp=4, data="zero3")),
+        "pp2dp2_to_pp4": lambda p: _reshard(p, "pp24", Plan(pp=2, dp=2, pipeline=PipelineOptions(microbatches=2)),
+                                            Plan(pp=4, pipeline=PipelineOptions(microbatches=4))),
+        "dp2tp2_to_tp2": lambda p: _reshard(p, "dt2", Plan(dp=2, tp=2, data="zero1"), Plan(tp=2)),
         "resume_ddp": lambda p: _resume(p, "rddp", Plan(dp=4)),
-        "resume_zero3": lambda p: _resume(p, "rz3", Plan(dp=4, data_parallel="zero3")),
-        "resume_1f1b": lambda p: _resume(p, "r1f1b", Plan(pp=2, dp=2, microbatches=2)),
-        "resume_tp2_pp2": lambda p: _resume(p, "rtp", Plan(tp=2, pp=2, microbatches=2)),
-        "resume_zero1_tp2": lambda p: _resume(p, "rz1", Plan(dp=2, tp=2, data_parallel="zero1")),
+        "resume_zero3": lambda p: _resume(p, "rz3", Plan(dp=4, data="zero3")),
+        "resume_1f1b": lambda p: _resume(p, "r1f1b", Plan(pp=2, dp=2, pipeline=PipelineOptions(microbatches=2))),
+        "resume_tp2_pp2": lambda p: _resume(p, "rtp", Plan(tp=2, pp=2, pipeline=PipelineOptions(microbatches=2))),
+        "resume_zero1_tp2": lambda p: _resume(p, "rz1", Plan(dp=2, tp=2, data="zero1")),
         "dcp": _dcp,
         "nan_skip": _nan_skip,
     }
@@ -157,7 +158,8 @@ def _dcp(path):
     from pipelib.checkpoint.sharded import load_whole
     from pipelib.checkpoint.state import capture
     from pipelib.checkpoint.training import load_training
-    from pipelib.parallelize import Plan, parallelize
+    from pipelib.plan import Plan
+    from pipelib.parallelize import parallelize
     from pipelib.runtime.mesh import Mesh
 
     recipe, plan = _recipe(2), Plan(dp=4)

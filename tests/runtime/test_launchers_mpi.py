@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipelib.model import GPTConfig
-from pipelib.parallelize import Plan
+from pipelib.plan import Plan
 from pipelib.recipe import Recipe
 from pipelib.results import check_against_reference
 from pipelib.runtime.launchers import LAUNCHERS
