@@ -5,10 +5,24 @@
     topo.rank(dp=1, tp=0)                       # 2
     topo.group_of("tp", 3)                      # (2, 3): the ranks that split rank 3's layers
     topo.groups("dp")                           # ((0, 2), (1, 3)): every dp group, in one order
+    topo.groups("dp-tp")                        # ((0, 1, 2, 3),): a combined axis
+    topo.tied_pairs(0, 1)                       # the tied embedding's pairs (pp indices 0 and 1)
 
 Pure: no process starts, no torch (DESIGN.md section 2). `pipelib.runtime.mesh.Mesh` makes one
 process group per group listed here, and the planner of chapter 15 reasons on it without a
 cluster.
+
+Beside the four axes and ep, the topology names the derived groups as pure rank lists, as
+Megatron-Core's `RankGenerator.get_ranks("tp-dp")` and torchtitan's `ParallelDims` do
+(`pipelib.topology_groups`): any '-'-joined set of axes ("dp-cp", "tp-pp": the ranks that vary
+along exactly those axes, every other coordinate fixed); `loss` (dp x cp, the ranks whose losses
+are averaged); `edp` (expert data parallel: the dp ranks holding the same experts, those with
+the same dp % ep); `etp` (expert tensor parallel, the tp groups for now); HSDP's `dp_shard`
+(runs of dp // dp_replicate consecutive dp indices) and `dp_replicate` (the dp indices with the
+same index mod dp_shard). Groups are listed sorted by their smallest rank, the order in which
+every rank makes them; a group's ranks are ascending, so along one axis group rank i is index i
+along it, and in a combined group the outermost axis (in `order`) is the most significant digit,
+as torch's `DeviceMesh._flatten` numbers them.
 
 The order lists the axes outermost first, as torch's `DeviceMesh` and torchtitan's
 `ParallelDims` do: the last axis varies fastest, so its groups are runs of consecutive ranks.
@@ -29,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from pipelib import topology_groups as tg
 from pipelib.checks import check_int, is_int_at_least
 
 AXES = ("pp", "dp", "cp", "tp")           # the axes that multiply into the world size
@@ -55,9 +70,10 @@ class Topology:
     cp: int = 1
     ep: int = 1
     order: tuple[str, ...] = DEFAULT_ORDER
+    dp_replicate: int = 1  # HSDP: dp = dp_replicate x dp_shard (ZeRO within a shard group)
 
     def __post_init__(self):
-        for axis in (*AXES, "ep"):
+        for axis in (*AXES, "ep", "dp_replicate"):
             check_int(getattr(self, axis), axis, context="Topology", hint="ranks along the axis; 1 means unused")
         order = tuple(self.order)
         if sorted(order) != sorted(AXES):
@@ -67,16 +83,26 @@ class Topology:
         if self.dp % self.ep:
             raise ValueError(f"Topology: ep={self.ep} does not divide dp={self.dp}; experts are spread "
                              f"over the data-parallel ranks, so pass an ep that divides dp")
+        if self.dp % self.dp_replicate:
+            raise ValueError(f"Topology: dp_replicate={self.dp_replicate} does not divide dp={self.dp}; HSDP "
+                             f"cuts dp into dp_replicate x dp_shard, so pass a dp_replicate that divides dp")
 
     # ------------------------------------------------------------------ sizes
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
 
+    @property
+    def dp_shard(self) -> int:
+        """HSDP's shard group size: dp // dp_replicate (dp when there is no HSDP)."""
+        return self.dp // self.dp_replicate
+
     def size(self, axis: str) -> int:
-        """Ranks along `axis` ("dp", "tp", "pp", "cp" or "ep")."""
-        _check_axis(axis)
-        return getattr(self, axis)
+        """Ranks in a group of `axis`: "dp", "tp", "pp", "cp", "ep", a derived axis ("loss",
+        "edp", "etp", "dp_shard", "dp_replicate") or a '-'-joined set ("dp-cp")."""
+        if axis in (*AXES, "ep"):
+            return getattr(self, axis)
+        return tg.group_size(self, tg.axis_parts(axis))
 
     @property
     def used(self) -> tuple[str, ...]:
@@ -120,19 +146,37 @@ class Topology:
 
     # ------------------------------------------------------------------ groups
     def group_of(self, axis: str, rank: int) -> tuple[int, ...]:
-        """The ranks of `rank`'s group along `axis`, in axis order (group rank i is the i-th)."""
-        _check_axis(axis)
-        c = self.coords(rank)._asdict()
-        if axis == "ep":
-            first = c["dp"] - c["dp"] % self.ep
-            return tuple(self.rank(**{**_grid(c), "dp": first + i}) for i in range(self.ep))
-        return tuple(self.rank(**{**_grid(c), axis: i}) for i in range(getattr(self, axis)))
+        """The ranks of `rank`'s group along `axis` (any name `size` takes), ascending: along one
+        axis group rank i is the rank at index i."""
+        self.coords(rank)  # a ValueError for a rank off the grid
+        varying, _ = tg.dims(self, tg.axis_parts(axis))
+        first = tg.smallest_rank(varying, rank)
+        return tuple(first + o for o in tg.offsets(varying))
 
     def groups(self, axis: str) -> tuple[tuple[int, ...], ...]:
         """Every group along `axis`, each once, ordered by their smallest rank: the order in
         which every rank must create them (making a process group is collective)."""
-        seen = {self.group_of(axis, r) for r in range(self.world_size)}
-        return tuple(sorted(seen))
+        varying, fixed = tg.dims(self, tg.axis_parts(axis))
+        inside = tg.offsets(varying)
+        return tuple(tuple(b + o for o in inside) for b in tg.offsets(fixed))
+
+    def local_rank(self, axis: str, rank: int) -> int:
+        """`rank`'s index in its group along `axis` (its group rank)."""
+        self.coords(rank)
+        return tg.group_index(tg.dims(self, tg.axis_parts(axis))[0], rank)
+
+    def tied_pairs(self, first: int = 0, last: int | None = None) -> tuple[tuple[int, int], ...]:
+        """For every pp group (in `groups("pp")` order), the sorted pair of its ranks at pp indices
+        `first` and `last` (default the last stage): the ranks holding the two copies of a tied
+        embedding/head weight (Megatron-LM's embedding group). Empty when first == last."""
+        last = self.pp - 1 if last is None else last
+        for name, i in (("first", first), ("last", last)):
+            if not is_int_at_least(i, 0) or i >= self.pp:
+                raise ValueError(f"Topology.tied_pairs: {name}={i!r} is not a pp index of {self}; "
+                                 f"pass 0..{self.pp - 1}")
+        if first == last:
+            return ()
+        return tuple(tuple(sorted((g[first], g[last]))) for g in self.groups("pp"))
 
     # ------------------------------------------------------------------ placement
     def check_placement(self, gpus_per_node: int) -> list[str]:
@@ -155,15 +199,17 @@ class Topology:
     def __str__(self) -> str:
         sizes = " x ".join(f"{a}={getattr(self, a)}" for a in self.order if getattr(self, a) > 1) or "1 rank"
         ep = f" (ep={self.ep} within dp)" if self.ep > 1 else ""
+        if self.dp_replicate > 1:
+            ep += f" (dp = dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard})"
         return f"Topology({sizes}{ep}; {self.world_size} ranks, order {' > '.join(self.order)})"
 
     def to_dict(self) -> dict:
         return {"dp": self.dp, "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep,
-                "order": list(self.order)}
+                "order": list(self.order), "dp_replicate": self.dp_replicate}
 
     @classmethod
     def from_dict(cls, d: dict) -> Topology:
-        known = {"dp", "tp", "pp", "cp", "ep", "order"}
+        known = {"dp", "tp", "pp", "cp", "ep", "order", "dp_replicate"}
         extra = set(d) - known
         if extra:
             raise ValueError(f"Topology.from_dict: unknown keys {sorted(extra)}; use some of {sorted(known)}")
@@ -173,19 +219,14 @@ class Topology:
         return cls(**d)
 
     def table(self) -> str:
-        """Every rank and its coordinates, one line each (chapter 15 draws it as a grid)."""
+        """Every rank and its coordinates, one line each (chapter 15 draws it as a grid); ep and
+        HSDP's dp_replicate and dp_shard indices when used."""
         axes = list(self.order) + (["ep"] if self.ep > 1 else [])
+        axes += ["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else []
         lines = ["rank  " + "  ".join(f"{a:>2}" for a in axes)]
         for r in range(self.world_size):
             c = self.coords(r)._asdict()
-            lines.append(f"{r:>4}  " + "  ".join(f"{c[a]:>2}" for a in axes))
+            at = [c[a] if a in c else self.local_rank(a, r) for a in axes]
+            lines.append(f"{r:>4}  " + "  ".join(f"{i:>{max(2, len(a))}}" for a, i in zip(axes, at)))
         return "\n".join(lines)
 
-
-def _grid(c: dict) -> dict:
-    return {a: c[a] for a in AXES}
-
-
-def _check_axis(axis: str) -> None:
-    if axis not in (*AXES, "ep"):
-        raise ValueError(f"unknown axis {axis!r}; use one of {(*AXES, 'ep')}")

@@ -6,7 +6,8 @@ shown to fail on a mutated copy of it:
 - no module keeps state in a module-level dict, list or set (process groups, caches, counters
   belong to an object: the `Device`, a runner), and read-only tables are frozen;
 - strategy code leaves the device alone: it never resets the message counters, never replaces
-  the device's memory tracker or profile, never changes its capacity (`Device` does that).
+  the device's memory tracker or profile, never changes its capacity (`Device` does that), in
+  every subpackage but `NOT_STRATEGIES`; no module but the mesh makes a process group.
 """
 import ast
 import json
@@ -37,7 +38,7 @@ PURE = [
     "pipelib.planner.memory", "pipelib.planner.timing", "pipelib.planner.search", "pipelib.planner.book",
     "pipelib.viz.experts", "pipelib.expert_parallel.policies", "pipelib.expert_parallel.sizes",
     "pipelib.planner.orders", "pipelib.planner.published", "pipelib.viz.mesh",
-    "pipelib.checkpoint.interval", "pipelib.viz.faults",
+    "pipelib.checkpoint.interval", "pipelib.viz.faults", "pipelib.topology_groups",
 ]
 
 # Run in a fresh interpreter: import one module and report what it pulled in.
@@ -168,7 +169,12 @@ def test_module_state_check_catches_a_cache(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the device's own
-STRATEGIES = ("data_parallel", "tensor_parallel", "pipeline", "context_parallel", "recompute", "comm")
+# Every subpackage is strategy code but these, each with its reason: a new pipelib/fp8/ is guarded.
+NOT_STRATEGIES = {
+    "runtime": "owns the device: Device, its measurement spans and the cluster reset and swap it",
+    "viz": "pure: draws figures from events and never sees a device (the pure-layer test)",
+    "planner": "pure: evaluates plans on paper, no device (the pure-layer test)",
+}
 DEVICE_CALLS = frozenset({"reset_counters", "fresh_memory"})
 DEVICE_FIELDS = frozenset({"memory", "profile"})
 
@@ -184,11 +190,17 @@ def _targets(node):
             yield t
 
 
+def strategy_packages(root: pathlib.Path) -> list[str]:
+    """Every subpackage of `root`/pipelib (a folder with an __init__.py) not in NOT_STRATEGIES."""
+    return sorted(p.parent.name for p in (root / "pipelib").glob("*/__init__.py")
+                  if p.parent.name not in NOT_STRATEGIES)
+
+
 def device_meddling(root: pathlib.Path) -> dict[str, list[int]]:
     """{"path: what": lines} of each place in strategy code that calls reset_counters() or
     fresh_memory(), or assigns x.memory, x.profile (x not `self`) or x.memory.capacity."""
     found: dict[str, list[int]] = {}
-    for package in STRATEGIES:
+    for package in strategy_packages(root):
         for path in sorted((root / "pipelib" / package).rglob("*.py")):
             where = str(path.relative_to(root))
             for node in ast.walk(ast.parse(path.read_text())):
@@ -216,6 +228,10 @@ def device_meddling(root: pathlib.Path) -> dict[str, list[int]]:
 
 
 def test_strategy_code_leaves_the_device_alone():
+    packages = strategy_packages(ROOT)  # discovered; the exclusions are current folders
+    assert {"data_parallel", "tensor_parallel", "pipeline", "context_parallel", "recompute", "comm",
+            "expert_parallel", "checkpoint", "hf"} <= set(packages), packages
+    assert all((ROOT / "pipelib" / name / "__init__.py").exists() for name in NOT_STRATEGIES)
     found = device_meddling(ROOT)
     assert not found, ("strategy code resets counters or replaces the device's memory tracker, profile "
                        f"or capacity; read counters as differences, and let Device do the rest: {found}")
@@ -227,11 +243,51 @@ def test_device_check_catches_a_strategy_that_resets_the_device(tmp_path):
             "def _meddle(dev, p2p):\n    p2p.reset_counters()\n    dev.memory = dev.fresh_memory()\n"
             "    before, dev.memory.capacity = dev.memory.capacity, 1\n    setattr(dev, 'profile', None)\n"
             "    self.memory = []  # an object's own field: fine")
+    (copy / "fp8").mkdir()  # a new strategy folder, listed nowhere
+    (copy / "fp8" / "__init__.py").write_text('"""FP8."""\ndef scale(dev):\n    dev.reset_counters()\n')
     found = device_meddling(tmp_path)
     ops = "pipelib/tensor_parallel/ops.py"
     assert {f"{ops}: calls reset_counters()", f"{ops}: calls fresh_memory()", f"{ops}: assigns dev.memory",
-            f"{ops}: assigns dev.memory.capacity", f"{ops}: assigns dev.profile"} <= set(found), found
+            f"{ops}: assigns dev.memory.capacity", f"{ops}: assigns dev.profile",
+            "pipelib/fp8/__init__.py: calls reset_counters()"} <= set(found), found
     assert f"{ops}: assigns self.memory" not in found
+
+
+# ----------------------------------------------------------------------------- process groups
+GROUP_MAKERS = frozenset({"new_group", "make_group", "_make_group"})
+
+
+def group_makers(root: pathlib.Path) -> dict[str, list[int]]:
+    """{"path: what": lines} of each module but runtime/mesh.py importing or using GROUP_MAKERS."""
+    found: dict[str, list[int]] = {}
+    for path in sorted((root / "pipelib").rglob("*.py")):
+        if path != root / "pipelib" / "runtime" / "mesh.py":
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    what = [f"imports {a.name}" for a in node.names if a.name in GROUP_MAKERS]
+                else:
+                    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)
+                    what = [f"uses {ast.unparse(node)}"] if name in GROUP_MAKERS else []
+                for w in what:
+                    found.setdefault(f"{path.relative_to(root)}: {w}", []).append(node.lineno)
+    return found
+
+
+def test_only_the_mesh_makes_process_groups():
+    found = group_makers(ROOT)
+    assert not found, ("only pipelib.runtime.mesh.Mesh makes groups (collective: once per engine, in one order): "
+                       f"take mesh[axis], Mesh.first(n)[axis], mesh.tied_group(), mesh.grid_group(): {found}")
+
+
+def test_group_check_catches_a_module_that_makes_its_own_group(tmp_path):
+    copy = _copy(tmp_path)
+    _append(copy / "data_parallel" / "ddp.py", "def _mine(dist, ranks):\n    return dist.new_group(ranks)")
+    _append(copy / "checkpoint" / "training.py", "from pipelib.runtime.mesh import _make_group\n"
+            "from torch.distributed import new_group\nmine = _make_group((0,), None), new_group([0])")
+    _append(copy / "runtime" / "mesh.py", "def _fine(dist):\n    return dist.new_group([0])  # the mesh's own")
+    found, ckpt = group_makers(tmp_path), "pipelib/checkpoint/training.py"
+    assert set(found) == {"pipelib/data_parallel/ddp.py: uses dist.new_group", f"{ckpt}: imports _make_group",
+                          f"{ckpt}: imports new_group", f"{ckpt}: uses _make_group", f"{ckpt}: uses new_group"}
 
 
 def _copy(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -248,3 +304,4 @@ if __name__ == "__main__":  # the current findings, line by line
         print(f"state  {key} (line {line})")
     for key, lines in sorted(device_meddling(ROOT).items()):
         print(f"device {key} (lines {lines})")
+    print("\n".join(f"groups {key} (lines {lines})" for key, lines in sorted(group_makers(ROOT).items())))

@@ -71,3 +71,68 @@ def test_first_ranks_tied_pairs_and_torch_device_mesh(cluster4):
     # pp outermost: stage 0 on ranks 0, 1 and the last stage on 2, 3; rank r pairs with r +- 2
     assert [o[2] for o in out] == [(0, 2), (1, 3), (0, 2), (1, 3)]
     assert all(o[3] == [[0, 1], [2, 3]] and o[4] == ("pp", "dp") for o in out)
+
+
+def _derived():
+    import torch.distributed as dist
+
+    from pipelib.runtime.device import current
+    from pipelib.runtime.mesh import Mesh
+
+    def ranks(g):
+        return tuple(dist.get_process_group_ranks(g))
+
+    axes = current().axes
+    out = {}
+    flat = Mesh(Topology(dp=2, tp=2))  # cp = 1, no experts, no HSDP: nothing new to make
+    out["reused"] = (flat["loss"] is flat["dp"], flat["etp"] is flat["tp"], flat["edp"] is flat["dp"],
+                     flat["dp_shard"] is flat["dp"], flat["dp_replicate"] is flat["ep"], flat.grid_group())
+    loss = Mesh(Topology(dp=2, cp=2))
+    out["loss"] = ranks(loss["loss"]), axes[id(loss["loss"])], loss.local_rank("loss")
+    experts = Mesh(Topology(dp=4, ep=2))
+    out["edp"] = ranks(experts["edp"]), axes[id(experts["edp"])], ranks(experts["ep"])
+    hsdp = Mesh(Topology(dp=4, dp_replicate=2))
+    out["hsdp"] = (ranks(hsdp["dp_shard"]), ranks(hsdp["dp_replicate"]), axes[id(hsdp["dp_shard"])],
+                   axes[id(hsdp["dp_replicate"])], hsdp.local_rank("dp_replicate"))
+    both = Mesh(Topology(tp=2, pp=2), extra=("tp-pp", "cp-dp"))
+    out["extra"] = (ranks(both["tp-pp"]), axes[id(both["tp-pp"])], both["cp-dp"] is both["loss"],
+                    ranks(both["loss"]))
+    before = len(current().groups)
+    again = Mesh(Topology(tp=2, pp=2), extra=("tp-pp",))
+    out["again"] = again["tp-pp"] is both["tp-pp"] and len(current().groups) == before
+    try:
+        Mesh(Topology(tp=2, pp=2))["tp-pp"]
+    except KeyError as e:
+        out["not made"] = str(e)
+    first = Mesh.first(2, "pp")
+    out["first"] = (ranks(first.tied_group(0, 1)) if first.contains else None,
+                    ranks(first.grid_group()) if first.grid_group() is not None else None)
+    odd = Mesh(Topology(dp=2), on=(1, 3))  # a grid on given ranks (run_ddp's ranks=[1, 3])
+    out["on"] = (odd.contains and (ranks(odd["dp"]), axes[id(odd["dp"])], odd.ranks("dp"), odd.local_rank("dp")),
+                 ranks(odd.grid_group()))
+    try:
+        Mesh(Topology(dp=2), on=(3, 1))
+    except ValueError as e:
+        out["bad on"] = str(e)
+    return out
+
+
+def test_derived_axes_made_once_reused_where_equal_and_tagged(cluster4):
+    out = cluster4.run(_derived)
+    for o in out:  # nothing new where a derived axis is a single axis's groups, or one rank each
+        assert o["reused"][:5] == (True, True, True, True, True) and o["reused"][5] is None
+        assert o["again"] is True and "extra=('tp-pp',)" in o["not made"]
+    assert [o["loss"] for o in out] == [((0, 1, 2, 3), "loss", r) for r in range(4)]
+    assert [o["edp"] for o in out] == [((0, 2), "edp", (0, 1)), ((1, 3), "edp", (0, 1)),
+                                       ((0, 2), "edp", (2, 3)), ((1, 3), "edp", (2, 3))]
+    assert [o["hsdp"] for o in out] == [((0, 1), (0, 2), "dp_shard", "dp_replicate", 0),
+                                        ((0, 1), (1, 3), "dp_shard", "dp_replicate", 0),
+                                        ((2, 3), (0, 2), "dp_shard", "dp_replicate", 1),
+                                        ((2, 3), (1, 3), "dp_shard", "dp_replicate", 1)]
+    # tp-pp is the whole world here; cp-dp (and loss) one rank each: the rank's group of one
+    assert all(o["extra"] == ((0, 1, 2, 3), "tp-pp", True, (r,)) for r, o in enumerate(out))
+    # what embedding_group needs: the pair of pipeline stages 0 and 1 on ranks 0 and 1, and the grid's group
+    assert [o["first"] for o in out] == [((0, 1), (0, 1)), ((0, 1), (0, 1)), (None, (0, 1)), (None, (0, 1))]
+    assert [o["on"] for o in out] == [(False, (1, 3)), (((1, 3), "dp", (1, 3), 0), (1, 3)), (False, (1, 3)),
+                                      (((1, 3), "dp", (1, 3), 1), (1, 3))]
+    assert all("on=(3, 1) must be 2 distinct ranks of the world (0..3), ascending" in o["bad on"] for o in out)

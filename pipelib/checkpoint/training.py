@@ -41,15 +41,8 @@ def _layout(par) -> dict:
 
 def grid_group(mesh):
     """The group of the mesh's ranks when its grid uses only the first ranks of the world (None:
-    the whole world). Collective: every rank of the world calls it, those off the grid too."""
-    import torch.distributed as dist
-
-    from pipelib.runtime.mesh import make_group
-
-    size = mesh.topology.world_size
-    if not dist.is_initialized() or size == dist.get_world_size():
-        return None
-    return make_group(tuple(range(size)), None, mesh.dev, kind="checkpoint")
+    the whole world): `mesh.grid_group()`, made with the mesh by every rank of the world."""
+    return mesh.grid_group()
 
 
 def save_training(par, opt, root: str, step: int, *, recipe=None, keep: int | None = 2, fault=None,

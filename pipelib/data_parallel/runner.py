@@ -101,11 +101,13 @@ def ddp_train(step, config, ranks, steps, batch, accumulate, bucket_bytes, comm,
               profile=None):
     """On every rank (`Cluster.run`): `run_ddp`'s training, returning this rank's StepResult."""
     from pipelib.runtime.device import current
-    from pipelib.runtime.mesh import make_group
+    from pipelib.runtime.mesh import Mesh
+    from pipelib.topology import Topology
 
-    group = make_group(ranks, "dp")  # every rank makes it (collective), the first time only
-    if dist.get_rank() not in ranks:
+    mesh = Mesh(Topology(dp=len(ranks)), on=ranks)  # on every rank (collective), made the first time only
+    if not mesh.contains:
         return None
+    group = mesh["dp"]
     with current().overrides(profile=profile):
         return _train(ddp_step(step), config, ranks, group, steps, batch, accumulate, bucket_bytes, comm,
                       optimizer, lr, seed, seeds)

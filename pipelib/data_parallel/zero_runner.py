@@ -111,16 +111,13 @@ def zero_train(recipe, stage: int, *, accumulate: int = 1, group=None, timed: bo
 
 def _zero_on_rank(world_size, fn, args, kw):
     """`fn(*args, group=..., **kw)` on ranks 0..world_size-1 of the world, None on the others.
-    Every rank calls it: the group is made by all (`runtime.mesh.make_group`, once per engine,
-    the same group as `Mesh.first(world_size)["dp"]`)."""
-    import torch.distributed as dist
+    Every rank calls it: the group is made by all (`Mesh.first(world_size)["dp"]`, once per engine)."""
+    from pipelib.runtime.mesh import Mesh
 
-    from pipelib.runtime.mesh import make_group
-
-    group = make_group(range(world_size), "dp")
-    if dist.get_rank() >= world_size:
+    mesh = Mesh.first(world_size)
+    if not mesh.contains:
         return None
-    return fn(*args, group=group, **kw)
+    return fn(*args, group=mesh["dp"], **kw)
 
 
 def check_recipe(recipe, context: str):
@@ -190,16 +187,17 @@ def train_zero(cluster, recipe, stage: int, *, world_size: int | None = None, **
 def _hsdp_on_rank(shard, fn, args, kw):
     """`fn(*args, group=<shard group>, replicate_group=<replica group>, **kw)` on every rank: the
     world cut into shard groups of `shard` consecutive ranks (one node each, in practice) and
-    replica groups of the ranks holding the same shard (r, r + shard, ...). Every rank makes
-    every group, in one order (`runtime.mesh.make_group`)."""
+    replica groups of the ranks holding the same shard (r, r + shard, ...): the mesh's
+    "dp_shard" and "dp_replicate" groups of `Topology(dp=world, dp_replicate=world // shard)`,
+    made by every rank, in one order."""
     import torch.distributed as dist
 
-    from pipelib.runtime.mesh import make_group
+    from pipelib.runtime.mesh import Mesh
+    from pipelib.topology import Topology
 
-    world, me = dist.get_world_size(), dist.get_rank()
-    shards = [make_group(range(i, i + shard), "dp", kind="hsdp-shard") for i in range(0, world, shard)]
-    replicas = [make_group(range(j, world, shard), "dp", kind="hsdp-replicate") for j in range(shard)]
-    return fn(*args, group=shards[me // shard], replicate_group=replicas[me % shard], **kw)
+    world = dist.get_world_size()
+    mesh = Mesh(Topology(dp=world, dp_replicate=world // shard))
+    return fn(*args, group=mesh["dp_shard"], replicate_group=mesh["dp_replicate"], **kw)
 
 
 def train_hsdp(cluster, recipe, stage: int = 3, *, shard: int, **kw) -> list:

@@ -41,22 +41,19 @@ from pipelib.results import StepResult
 
 
 def expert_data_group(topology, device=None):
-    """This rank's expert-data-parallel group (ranks holding the same experts), made in one order
-    on every rank of the world; None when each expert lives on one rank (ep = dp)."""
-    import torch.distributed as dist
+    """This rank's expert-data-parallel group (the dp ranks holding the same experts: the mesh's
+    "edp"), made in one order on every rank of the world; None when each expert lives on one
+    rank (ep = dp) or this rank is off the grid."""
+    from pipelib.runtime.mesh import Mesh
 
-    from pipelib.runtime.mesh import make_group
+    mesh = Mesh(topology, device=device)  # made once per engine: a second mesh makes nothing
+    return _edp(mesh)
 
-    if topology.ep == topology.dp:
-        return None
-    mine = None
-    for dp_group in topology.groups("dp"):
-        for e in range(topology.ep):
-            ranks = dp_group[e::topology.ep]
-            group = make_group(ranks, "dp", device, kind="expert_dp")
-            if dist.get_rank() in ranks:
-                mine = group
-    return mine
+
+def _edp(mesh):
+    """`mesh["edp"]`, None where there is nothing to sum (ep = dp) or no group (off the grid)."""
+    topology = mesh.topology
+    return None if topology.ep == topology.dp or not mesh.contains else mesh["edp"]
 
 
 def sync_grads(params, group, dp: int, label: str) -> None:
@@ -87,9 +84,9 @@ def train_expert_parallel(recipe, spec, dp: int, ep: int, *, builtin: bool = Fal
 
     topology = Topology(dp=dp, ep=ep)
     mesh = Mesh(topology)
-    edp = expert_data_group(topology)
     if not mesh.contains:
         return None
+    edp = _edp(mesh)
     model = apply_expert_parallel(to_rank_device(moe_gpt(recipe, spec)), mesh["ep"], builtin=builtin)
     opt = recipe.make_optimizer(model.parameters())
     named = list(model.named_parameters())

@@ -13,9 +13,9 @@ stage. On one process autograd sums both uses into one gradient. In a pipeline t
 0 and the rank of the last stage each hold a copy and each sees only its own use, so after the
 step the two gradients must be summed across those two ranks, and both copies receive the sum
 (then equal optimizer steps keep the copies equal). Megatron-LM does this with an all-reduce on
-its "embedding group" {first rank, last rank}; `embedding_group` takes that group from the
-mesh's (`runtime.mesh.make_group`; `Mesh.tied_group` at any dp, tp coordinates) and
-`sum_tied_grads` runs it, or, without a group, exchanges the V x C gradient with the peer
+its "embedding group" {first rank, last rank}; `gpt_stages.embedding_group` takes that group
+from the mesh (`Mesh.tied_group`, at any dp, tp coordinates) and `gpt_stages.sum_tied_grads`
+runs it, or, without a group, exchanges the V x C gradient with the peer
 (each of the two ranks sends V*C*itemsize bytes and receives as many). When one rank holds both
 stages (V schedules) the two uses accumulate into one parameter and nothing is sent.
 
