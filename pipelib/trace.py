@@ -13,7 +13,7 @@ Introduced in chapter 04.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
@@ -217,7 +217,7 @@ class Trace:
         return "\n".join(lines)
 
     def matches(self, predicted: Trace, *, kinds=(Kind.COMPUTE,), tol: float | None = None,
-                align: bool = False) -> float:
+                align: bool = False, ranks: Mapping[int, int] | Sequence[int] | None = None) -> float:
         """How far this trace is from `predicted` (a `simulate` timeline, or another run): the
         largest difference, in seconds, between the start or the end of one event and of the same
         event there, over the events of `kinds` (compute by default).
@@ -226,23 +226,31 @@ class Trace:
         microbatch): otherwise an AssertionError names the rank and the first event that differs.
         With `tol`, a difference above it raises too, naming the event. `align=True` counts each
         trace from its own first event of `kinds` (a wall clock's epoch is not a prediction's 0).
-        Chapters 10-13 check a measured step against its prediction (or two runs) with it.
+        `ranks` maps each rank here to the rank of `predicted` it must follow (a dict, or a list
+        indexed by rank), when a prediction has fewer ranks than the run: on a pp x ep mesh the
+        ranks at one pipeline position all follow `simulate`'s rank for it,
+        `ranks={r: topo.coords(r).pp for r in range(topo.world_size)}`. Every rank here with events
+        must be in it, and every rank there with events followed. Without it, rank r follows rank r.
+        Chapters 10-13 check a measured step against its prediction (or two runs) with it, chapter 16
+        a pipeline of MoE layers.
         """
         ks = {Kind(k) for k in kinds}
         ours = [e for e in self.events if e.kind in ks]
         theirs = [e for e in predicted.events if e.kind in ks]
         t0 = min((e.start for e in ours), default=0.0) if align else 0.0
         t1 = min((e.start for e in theirs), default=0.0) if align else 0.0
+        pairs = _rank_pairs({e.rank for e in ours}, {e.rank for e in theirs}, ranks)
         worst, where = 0.0, None
-        for rank in sorted({e.rank for e in ours} | {e.rank for e in theirs}):
+        for rank, other in pairs:
             a = [e for e in ours if e.rank == rank]
-            b = [e for e in theirs if e.rank == rank]
+            b = [e for e in theirs if e.rank == other]
             for i in range(max(len(a), len(b))):
                 x, y = (a[i] if i < len(a) else None), (b[i] if i < len(b) else None)
                 if x is None or y is None or _event_key(x) != _event_key(y):
+                    there = "" if other == rank else f" (its rank {other})"
                     raise AssertionError(
                         f"rank {rank} ran another order: event {i} is {_event_text(x)} here but "
-                        f"{_event_text(y)} in the prediction ({len(a)} events here, {len(b)} there)")
+                        f"{_event_text(y)} in the prediction{there} ({len(a)} events here, {len(b)} there)")
                 d = max(abs((x.start - t0) - (y.start - t1)), abs((x.end - t0) - (y.end - t1)))
                 if d > worst:
                     worst, where = d, x
@@ -250,6 +258,20 @@ class Trace:
             raise AssertionError(f"rank {where.rank}'s {_event_text(where)} is {worst:.3g} s away from "
                                  f"its prediction (tolerance {tol:g} s)")
         return worst
+
+
+def _rank_pairs(ours: set[int], theirs: set[int], ranks) -> list[tuple[int, int]]:
+    """(rank here, rank in the prediction) pairs for `Trace.matches`: r with r, or by `ranks`."""
+    if ranks is None:
+        return [(r, r) for r in sorted(ours | theirs)]
+    follows = dict(ranks) if isinstance(ranks, Mapping) else dict(enumerate(ranks))
+    if ours - follows.keys():
+        raise ValueError(f"ranks {sorted(ours - follows.keys())} have events here but no rank of the prediction "
+                         f"in `ranks` ({follows}): map every rank to the one it follows")
+    if theirs - set(follows.values()):
+        raise AssertionError(f"the prediction's ranks {sorted(theirs - set(follows.values()))} have events that "
+                             f"no rank here follows (ranks={follows})")
+    return sorted(follows.items())
 
 
 def _event_key(e: Event) -> tuple:

@@ -40,6 +40,7 @@ from pipelib.expert_parallel.experts import expert_seed, init_expert
 from pipelib.expert_parallel.gpt import is_expert_param
 from pipelib.expert_parallel.layer import MoE, MoESpec
 from pipelib.results import StepResult
+from pipelib.trace import Kind, Trace
 
 
 @dataclass(frozen=True)
@@ -105,22 +106,33 @@ def exchange_costs(alpha: float, ep: int, **compute):
                  all_to_all_backward=2 * (ep - 1) * alpha)
 
 
-def action_spans(trace, rank: int) -> list[tuple[str, int, int, float, float]]:
-    """`rank`'s pipeline actions on a measured trace as (op, stage, microbatch, start, end), as
-    `simulate` draws them: a COMPUTE event is the math alone, so an action that ran alone starts
-    at its first collective (its all-to-alls precede its math on the clock); an overlapped
-    pair's collectives ran on the lane beside it and change nothing."""
-    from pipelib.trace import Kind
+def action_trace(trace: Trace) -> Trace:
+    """Every rank's pipeline actions on a measured trace, as `simulate` draws them: a `Trace` of
+    the F, B, I and W compute events, each starting at its action's start. A COMPUTE event is the
+    math alone, so an action that ran alone starts at its first collective (its all-to-alls
+    precede its math on the clock); an overlapped pair's collectives ran on the lane beside it and
+    change nothing. Measured ranks keep their global numbers: match them against the prediction
+    with each rank's pp coordinate, `action_trace(measured).matches(simulate(...).events,
+    ranks={r: topo.coords(r).pp for r in range(topo.world_size)})`."""
+    by_rank: dict[int, list] = {}
+    for e in trace:
+        by_rank.setdefault(e.rank, []).append(e)
+    out = []
+    for events in by_rank.values():
+        events.sort(key=lambda e: (e.start, e.end))
+        colls = [e for e in events if e.kind == Kind.COLLECTIVE]
+        prev = float("-inf")
+        for e in events:
+            if e.kind == Kind.COMPUTE and e.label in ("F", "B", "I", "W"):
+                out.append(replace(e, start=min([e.start] + [c.start for c in colls
+                                                             if c.start >= prev and c.end <= e.start])))
+                prev = e.end
+    return Trace(out, trace.world_size)
 
-    events = sorted(trace.filter(rank=rank), key=lambda e: (e.start, e.end))
-    colls = [e for e in events if e.kind == Kind.COLLECTIVE]
-    out, prev = [], float("-inf")
-    for e in events:
-        if e.kind == Kind.COMPUTE and e.label in ("F", "B", "I", "W"):
-            start = min([e.start] + [c.start for c in colls if c.start >= prev and c.end <= e.start])
-            out.append((e.label, e.stage, e.microbatch, start, e.end))
-            prev = e.end
-    return out
+
+def action_spans(trace: Trace, rank: int) -> list[tuple[str, int, int, float, float]]:
+    """`rank`'s actions of `action_trace` as (op, stage, microbatch, start, end) tuples."""
+    return [(e.label, e.stage, e.microbatch, e.start, e.end) for e in action_trace(trace.filter(rank=rank))]
 
 
 def _named_grads(modules: dict) -> dict:
