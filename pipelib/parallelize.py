@@ -16,7 +16,9 @@ is the one place that sees the whole mesh; each strategy gets only its own group
    with its optimizer over this rank's shards; `pipelib.data_parallel.kinds`) wraps each
    module this rank holds. Without a pipeline it reduces after the backward; inside a pipeline
    it reduces each stage's gradients once per step, when the executor says that stage's last
-   backward is done (`execute(..., stage_done=)`, torch's REDUCE_GRAD).
+   backward is done (`execute(..., stage_done=)`, torch's REDUCE_GRAD). HSDP
+   (`DataOptions(replicate=r)`): a ZeRO kind shards over `mesh["dp_shard"]` and all-reduces
+   across `mesh["dp_replicate"]`.
 
 Every parameter this rank holds gets a `Placement`, which `unshard` uses to put any layout back
 under the monolith's names. Introduced in chapter 15; one-strategy chapters are 1-axis plans.
@@ -155,7 +157,12 @@ def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | Non
     dev.memory.track_module(*modules)  # what this rank holds (ZeRO then counts its shards instead)
     if plan.dp > 1:  # 5. data parallelism, last: it wraps what the others made
         names = {id(p): n for n, p in model.named_parameters()}
-        applied.append(apply_data_parallel(modules, mesh["dp"], plan.data, optimizer or torch.optim.Adam, names))
+        optimizer = optimizer or torch.optim.Adam
+        if plan.data.replicate > 1:  # HSDP: shard within dp_shard, all-reduce across dp_replicate
+            applied.append(apply_data_parallel(modules, mesh["dp_shard"], plan.data, optimizer, names,
+                                               replicate_group=mesh["dp_replicate"]))
+        else:
+            applied.append(apply_data_parallel(modules, mesh["dp"], plan.data, optimizer, names))
         dev.memory.parameters_moved(*modules)  # ZeRO's flat buffers: a saved weight is no activation
     return Parallel(model, mesh, plan, applied)
 

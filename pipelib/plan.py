@@ -33,15 +33,23 @@ from pipelib.topology import DEFAULT_ORDER, Topology
 @dataclass(frozen=True)
 class DataOptions:
     """Data parallelism over the dp axis: the kind (a key of `data_parallel.kinds.DATA_PARALLEL`:
-    DDP's buckets, ZeRO 1-3) and DDP's bucket size in bytes."""
+    DDP's buckets, ZeRO 1-3), DDP's bucket size in bytes, and HSDP's replicas: with `replicate`
+    > 1 a sharding kind shards within groups of dp / replicate ranks (`mesh["dp_shard"]`, one
+    node in practice) and all-reduces across the `replicate` copies (`mesh["dp_replicate"]`), as
+    FSDP2 on a 2-D mesh and MiCS do."""
 
     kind: str = "ddp"
     bucket_bytes: int = 25 << 20
+    replicate: int = 1
 
     def __post_init__(self):
         if self.kind not in DATA_PARALLEL:
             raise ValueError(f"Plan: data kind {self.kind!r}; use one of {list(DATA_PARALLEL)}")
         check_int(self.bucket_bytes, "bucket_bytes", context="Plan.data", hint="bytes per DDP bucket")
+        check_int(self.replicate, "replicate", context="Plan.data", hint="HSDP's replicas; 1: no HSDP")
+        if self.replicate > 1 and not DATA_PARALLEL[self.kind].shards_optimizer:
+            raise ValueError(f"Plan.data: replicate={self.replicate} with kind {self.kind!r}: HSDP replicates "
+                             f"shards, and {self.kind!r} shards nothing; use a ZeRO kind ('zero1'-'zero3')")
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,7 @@ _SECTIONS = MappingProxyType({"data": (DataOptions, "kind"), "tensor": (TensorOp
                               "pipeline": (PipelineOptions, "schedule"), "context": (ContextOptions, "layout")})
 # a section's option by its flat name: the earlier JSON layout and the CLI's flags
 _FLAT = MappingProxyType({
-    "data_parallel": ("data", "kind"), "bucket_bytes": ("data", "bucket_bytes"),
+    "data_parallel": ("data", "kind"), "bucket_bytes": ("data", "bucket_bytes"), "replicate": ("data", "replicate"),
     "sequence_parallel": ("tensor", "sequence_parallel"), "vocab_parallel": ("tensor", "vocab_parallel"),
     "schedule": ("pipeline", "schedule"), "microbatches": ("pipeline", "microbatches"),
     "virtual": ("pipeline", "virtual"), "layout": ("context", "layout")})
@@ -157,7 +165,8 @@ class Plan:
                                  f"{stages} counts")
 
     def topology(self) -> Topology:
-        return Topology(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, order=self.order)
+        return Topology(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, dp_replicate=self.data.replicate,
+                        order=self.order)
 
     def check(self, recipe, world_size: int | None = None) -> None:
         """Every check that needs no engine: the plan against the recipe and the cluster."""
@@ -191,7 +200,8 @@ class Plan:
 
     def __str__(self) -> str:
         degrees = " x ".join(f"{a}={getattr(self, a)}" for a in ("dp", "tp", "pp", "cp") if getattr(self, a) > 1)
-        extra = [self.data.kind] if self.dp > 1 else []
+        extra = [self.data.kind + (f", HSDP {self.data.replicate} x {self.dp // self.data.replicate}"
+                                   if self.data.replicate > 1 else "")] if self.dp > 1 else []
         if self.pp > 1:
             p = self.pipeline
             extra += [f"{p.schedule}, m={p.microbatches}" + (f", v={p.virtual}" if p.virtual else "")

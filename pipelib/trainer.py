@@ -133,7 +133,6 @@ def global_loss(loss, mesh, par) -> float:
                          device=mesh.dev.torch_device)  # NCCL reduces GPU tensors only
     if mesh.size("pp") > 1:
         dist.all_reduce(value, group=mesh["pp"])  # one stage holds it, the others add 0
-    for axis in ("cp", "dp"):  # equal token counts: the mean of the shards' and replicas' means
-        if mesh.size(axis) > 1:
-            dist.all_reduce(value, group=mesh[axis])
-    return value.item() / (mesh.size("dp") * mesh.size("cp"))
+    if mesh.size("loss") > 1:  # dp x cp; equal token counts: the mean of the shards' and replicas' means
+        dist.all_reduce(value, group=mesh["loss"])
+    return value.item() / mesh.size("loss")

@@ -382,3 +382,23 @@ def test_uneven_pipeline_stages_equal_one_process(cluster4):
     held = [set(r.params) for r in results[:2]]
     assert {n.split(".")[1] for n in held[0] if n.startswith("blocks.")} == {"0"}
     assert {n.split(".")[1] for n in held[1] if n.startswith("blocks.")} == {"1", "2", "3"}
+
+
+@pytest.mark.parametrize("kind", ["zero1", "zero3"])
+def test_hsdp_through_the_plan_equals_one_process(cluster4, kind):
+    """Plan(dp=4, data=DataOptions(kind, replicate=2)): shards over 2 ranks, 2 replicas; the shard
+    groups' traffic is the reduce-scatter/all-gather of a 2-rank ZeRO, the replicas' an all-reduce."""
+    from pipelib.plan import DataOptions
+
+    recipe = Recipe(GPT, batch_size=8, steps=3, lr=1e-2, optimizer="sgd")  # fp32 for ZeRO
+    plan = Plan(dp=4, data=DataOptions(kind, replicate=2))
+    assert str(plan) == f"Plan(dp=4: {kind}, HSDP 2 x 2)"
+    results = run(cluster4, recipe, plan)
+    check_against_reference(results, recipe.reference(), shared=True, rtol=1e-5, atol=1e-6)
+    trace = cluster4.trace()
+    assert trace.bytes_sent(axis="dp_shard") > 0 and trace.bytes_sent(axis="dp_replicate") > 0
+    assert trace.bytes_sent(axis="dp") == 0
+    with pytest.raises(ValueError, match="replicate=2 with kind 'ddp'"):
+        Plan(dp=4, data=DataOptions("ddp", replicate=2))
+    with pytest.raises(ValueError, match="dp_replicate=3"):
+        Plan(dp=4, data=DataOptions("zero3", replicate=3))

@@ -39,7 +39,7 @@ class DataParallelKind(NamedTuple):
 
 def _ddp(step: str):
     """A DDP step of chapter 07 (`steps.DDP_STEPS`) on the dp group, the plan's bucket size."""
-    def wrap(module, group, options, optimizer):
+    def wrap(module, group, options, optimizer, replicate_group=None):
         from pipelib.data_parallel.steps import DDP_STEPS
 
         return DDP_STEPS[step].wrap(module, group, comm="pipelib", bucket_bytes=options.bucket_bytes)
@@ -49,12 +49,12 @@ def _ddp(step: str):
 class ZeROReducer:
     """ZeRO over the dp axis behind the reducer's calls (its optimizer over this rank's shards)."""
 
-    def __init__(self, module, group, stage, optimizer):
+    def __init__(self, module, group, stage, optimizer, replicate_group=None):
         from pipelib.data_parallel.zero import ZeRO
         from pipelib.runtime.device import current
 
         self.dev = current()
-        self.zero = ZeRO(module, group, stage, optimizer=optimizer)
+        self.zero = ZeRO(module, group, stage, optimizer=optimizer, replicate_group=replicate_group)
 
     def backward(self, loss) -> None:
         with self.dev.compute("B"):
@@ -77,7 +77,8 @@ class ZeROReducer:
 
 
 def _zero(stage):
-    return lambda module, group, options, optimizer: ZeROReducer(module, group, stage, optimizer)
+    return lambda module, group, options, optimizer, replicate_group=None: ZeROReducer(
+        module, group, stage, optimizer, replicate_group)
 
 
 DATA_PARALLEL = MappingProxyType({k.name: k for k in (
@@ -107,13 +108,15 @@ class Owned:
             r.zero_grad()
 
 
-def apply_data_parallel(modules, group, options, optimizer: Callable, names: dict) -> Applied:
+def apply_data_parallel(modules, group, options, optimizer: Callable, names: dict, replicate_group=None) -> Applied:
     """Wrap each of `modules` (the model, or this rank's pipeline stages) with the data-parallel
     kind of `options` (a plan's `DataOptions`) over `group`; `names` maps id(parameter) to its
     monolith name (for ZeRO's gathered shards). The record's `after_backward(module)` reduces
-    that module's gradients."""
+    that module's gradients. HSDP: `group` is the shard group and `replicate_group` the ranks
+    holding the same shard (a sharding kind only)."""
     info = DATA_PARALLEL[options.kind]
-    reducers = {id(m): info.wrap(m, group, options, optimizer) for m in modules}
+    extra = {} if replicate_group is None else {"replicate_group": replicate_group}
+    reducers = {id(m): info.wrap(m, group, options, optimizer, **extra) for m in modules}
     first = reducers[id(modules[0])]
 
     def whole(what: str) -> dict:

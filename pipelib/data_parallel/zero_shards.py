@@ -85,11 +85,13 @@ class ZeROShards:
 
         if self.stage >= 2:
             return self._unshard({u.name: u.gshard.detach().float() for u in self.units})
-        out = {}
+        out, replicas = {}, 1 if self.replicate is None else dist.get_world_size(self.replicate)
         for u in self.units:
             g = u.gflat.detach().float().clone()
             dist.all_reduce(g, group=self.group)
-            out.update(u.unflatten(g / self.n))
+            if self.replicate is not None:  # HSDP: the other replicas' rows too
+                dist.all_reduce(g, group=self.replicate)
+            out.update(u.unflatten(g / (self.n * replicas)))
         return out
 
     def reduced_gradients(self) -> dict:
