@@ -26,7 +26,8 @@ class Applied:
     """One strategy's effects on this rank; every field is optional (None: nothing to do).
 
     - `placements`: {monolith parameter name: the `Placement` fields it sets} ("axis", "dim",
-      "fused" for a split; "stage" for a pipeline stage), merged over the strategies;
+      "fused" for a split; "stage" for a pipeline stage; "axis" "ep" and "expert" for an expert
+      this rank holds), merged over the strategies;
     - `modules`: the pieces of the model this rank holds, when the strategy cuts it (pipeline
       stages); the whole model otherwise;
     - `shard_batch(x, y)`: this rank's part of its rows (context parallelism: its columns);
@@ -39,6 +40,8 @@ class Applied:
     - `after_backward(module)`: once `module`'s gradients are complete on this rank, in the
       fixed order (tensor parallelism's sequence sums, context parallelism's mean, then the
       data-parallel reduction);
+    - `after_step()`: after the optimizer step (DeepSeek-V3's balance bias moves by the global
+      load);
     - `optimizer`: what steps this rank's parameters when the strategy owns the step (ZeRO's,
       over its shards); None: the recipe's optimizer over `Parallel.parameters()`;
     - `whole(what)`: {monolith name: whole tensor} of what the strategy keeps off the
@@ -55,6 +58,7 @@ class Applied:
     run_step: Callable | None = None
     backward: Callable | None = None
     after_backward: Callable | None = None
+    after_step: Callable | None = None
     optimizer: object | None = None
     whole: Callable | None = None
     reports_loss: bool = True

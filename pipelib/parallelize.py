@@ -12,13 +12,17 @@ is the one place that sees the whole mesh; each strategy gets only its own group
 3. context parallelism on `mesh["cp"]` (`context_parallel.apply`: ring attention, global
    positions, each rank's columns; gradients averaged over cp before dp reduces them);
 4. activation recomputation (`apply_recompute`, no group);
-5. data parallelism over `mesh["dp"]`: one `DATA_PARALLEL` entry (DDP's buckets, or ZeRO 1-3
-   with its optimizer over this rank's shards; `pipelib.data_parallel.kinds`) wraps each
-   module this rank holds. Without a pipeline it reduces after the backward; inside a pipeline
-   it reduces each stage's gradients once per step, when the executor says that stage's last
-   backward is done (`execute(..., stage_done=)`, torch's REDUCE_GRAD). HSDP
-   (`DataOptions(replicate=r)`): a ZeRO kind shards over `mesh["dp_shard"]` and all-reduces
-   across `mesh["dp_replicate"]`.
+5. experts, where the model has MoE layers (a recipe with `experts`): each ep rank keeps its
+   E/ep experts (`expert_parallel.gpt.apply_expert_parallel` on `mesh["ep"]`), their gradients
+   summed over the ranks holding the same experts (`mesh["edp"]`), DeepSeek-V3's balance bias
+   moved by the load over dp after the optimizer step;
+6. data parallelism over `mesh["dp"]` (the experts left to step 5): one `DATA_PARALLEL` entry
+   (DDP's buckets, or ZeRO 1-3 with its optimizer over this rank's shards;
+   `pipelib.data_parallel.kinds`) wraps each module this rank holds. Without a pipeline it
+   reduces after the backward; inside a pipeline it reduces each stage's gradients once per
+   step, when the executor says that stage's last backward is done (`execute(..., stage_done=)`,
+   torch's REDUCE_GRAD). HSDP (`DataOptions(replicate=r)`): a ZeRO kind shards over
+   `mesh["dp_shard"]` and all-reduces across `mesh["dp_replicate"]`.
 
 Every parameter this rank holds gets a `Placement`, which `unshard` uses to put any layout back
 under the monolith's names. Introduced in chapter 15; one-strategy chapters are 1-axis plans.
@@ -33,6 +37,7 @@ import torch.nn as nn
 from pipelib.applied import Applied
 from pipelib.context_parallel.apply import apply_context_parallel
 from pipelib.data_parallel.kinds import apply_data_parallel
+from pipelib.expert_parallel.gpt import apply_expert_parallel, moe_layers
 from pipelib.pipeline.apply import apply_pipeline
 from pipelib.pipeline.gpt_stages import tied_ranks
 from pipelib.placement import Placement
@@ -129,6 +134,12 @@ class Parallel:
         axes = {pl.axis for pl in self.placements.values() if pl.axis is not None}
         return unshard(local, self.placements, {axis: self.mesh[axis] for axis in axes})
 
+    def after_step(self) -> None:
+        """What the strategies do after the optimizer step (the experts' balance bias)."""
+        for a in self.applied:
+            if a.after_step is not None:
+                a.after_step()
+
     def close(self) -> None:
         for a in self.applied:
             if a.close is not None:
@@ -153,16 +164,19 @@ def parallelize(model: nn.Module, mesh, plan: Plan, *, optimizer: Callable | Non
     if plan.recompute != "none":  # 4. recomputation (nothing left on the rank but the model's change)
         for m in modules:
             apply_recompute(m, plan.recompute)
+    if moe_layers(model):  # 5. experts: spread over ep, their gradients over edp, the balance bias
+        applied.append(apply_expert_parallel(model, mesh["ep"], mesh["edp"], mesh["dp"]))
     dev = current()
     dev.memory.track_module(*modules)  # what this rank holds (ZeRO then counts its shards instead)
-    if plan.dp > 1:  # 5. data parallelism, last: it wraps what the others made
+    if plan.dp > 1:  # 6. data parallelism, last: it wraps what the others made
         names = {id(p): n for n, p in model.named_parameters()}
         optimizer = optimizer or torch.optim.Adam
         if plan.data.replicate > 1:  # HSDP: shard within dp_shard, all-reduce across dp_replicate
             applied.append(apply_data_parallel(modules, mesh["dp_shard"], plan.data, optimizer, names,
                                                replicate_group=mesh["dp_replicate"]))
         else:
-            applied.append(apply_data_parallel(modules, mesh["dp"], plan.data, optimizer, names))
+            experts = {n for a in applied for n, f in a.placements.items() if f.get("axis") == "ep"}
+            applied.append(apply_data_parallel(modules, mesh["dp"], plan.data, optimizer, names, ignore=experts))
         dev.memory.parameters_moved(*modules)  # ZeRO's flat buffers: a saved weight is no activation
     return Parallel(model, mesh, plan, applied)
 

@@ -1,7 +1,7 @@
 """Where each parameter of the monolith lives, and the one way to put a layout back together.
 
-    places = placements(model, stage_of={id(p): 1, ...}, tp=True)   # {name: Placement}
-    whole = unshard(local, places, groups={"tp": mesh["tp"]})        # {name: the monolith's tensor}
+    par = parallelize(model, mesh, plan); par.placements                # {name: Placement}
+    whole = unshard(local, par.placements, groups={"tp": mesh["tp"]})  # {name: the monolith's tensor}
 
 A `Placement` says which mesh axis splits a parameter (None: replicated), along which dim and
 in how many fused pieces (q, k and v of one projection, each split alone), or, under ZeRO, at
@@ -40,26 +40,15 @@ class FlatSlice:
 class Placement:
     """Where one parameter of the monolith lives: the axis that splits it (None: replicated),
     the split dim and fused pieces (q, k, v) or its place in a flat ZeRO buffer (`flat`), and
-    its pipeline stage (None: no pipeline)."""
+    its pipeline stage (None: no pipeline), and for an expert's parameter its global expert id
+    (held whole by the ep rank that owns the expert: its name is already the global one)."""
 
     axis: str | None = None
     dim: int | None = None
     fused: int = 1
     stage: int | None = None
     flat: FlatSlice | None = None
-
-
-def placements(model: torch.nn.Module, *, stage_of: Mapping[int, int] | None = None,
-               tp: bool = True) -> dict[str, Placement]:
-    """{name: Placement} of `model`'s parameters: split along "tp" where tensor parallelism cut
-    them (`tp_dim`, `tp_fused` on the parameter) and `tp` is on, at the stage `stage_of[id(p)]`."""
-    stage_of = stage_of or {}
-    out = {}
-    for name, p in model.named_parameters():
-        dim = getattr(p, "tp_dim", None)
-        out[name] = Placement(axis="tp" if dim is not None and tp else None, dim=dim,
-                              fused=getattr(p, "tp_fused", 1), stage=stage_of.get(id(p)))
-    return out
+    expert: int | None = None   # the global expert id of an expert's parameter (axis "ep")
 
 
 def join_shards(shards: list[torch.Tensor], dim: int, fused: int = 1) -> torch.Tensor:
@@ -84,7 +73,7 @@ def unshard(local: Mapping[str, torch.Tensor], places: Mapping[str, Placement],
             continue
         group = groups.get(place.axis) if place.axis is not None else None
         size = dist.get_world_size(group) if place.axis is not None else 1
-        if size == 1:
+        if size == 1 or place.expert is not None:  # replicated, or a whole expert its owner holds
             out[name] = t.detach().clone()
             continue
         parts = [torch.empty_like(t) for _ in range(size)]

@@ -6,14 +6,15 @@
     Plan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
     plan.check(recipe, world_size=8)              # every value that does not fit, before any engine
 
-The degrees of the axes (dp, tp, pp, cp) and the order of the grid are the plan's own fields;
-every strategy's options live in its own frozen section (`plan.data`, `plan.tensor`,
-`plan.pipeline`, `plan.context`), as torchtitan's job config and Megatron-Core's
-`TransformerConfig` group theirs. A section may be given by its most common value: `data="zero1"`
-is `DataOptions(kind="zero1")`, `pipeline="gpipe"` is `PipelineOptions(schedule="gpipe")`.
-`parallelize` applies it, the trainer runs it, a checkpoint's manifest stores it and the
-torchrun CLI reads it from JSON (a flat JSON of the earlier layout, `{"data_parallel": "zero1",
-"microbatches": 4, ...}`, is read too, each key into its section).
+The degrees of the axes (dp, tp, pp, cp; ep spreads the experts over dp ranks) and the order of
+the grid are the plan's own fields; every strategy's options live in its own frozen section
+(`plan.data`, `plan.tensor`, `plan.pipeline`, `plan.context`), as torchtitan's job config and
+Megatron-Core's `TransformerConfig` group theirs. A section may be given by its most common
+value: `data="zero1"` is `DataOptions(kind="zero1")`, `pipeline="gpipe"` is
+`PipelineOptions(schedule="gpipe")`. `parallelize` applies it, the trainer runs it, a
+checkpoint's manifest stores it and the torchrun CLI reads it from JSON (a flat JSON of the
+earlier layout, `{"data_parallel": "zero1", "microbatches": 4, ...}`, is read too, each key into
+its section).
 
 Pure: no torch (the recipe's dtype is read by name). Introduced in chapter 15.
 """
@@ -113,7 +114,7 @@ _FLAT = MappingProxyType({
     "sequence_parallel": ("tensor", "sequence_parallel"), "vocab_parallel": ("tensor", "vocab_parallel"),
     "schedule": ("pipeline", "schedule"), "microbatches": ("pipeline", "microbatches"),
     "virtual": ("pipeline", "virtual"), "layout": ("context", "layout")})
-PLAN_FLAGS = frozenset({"dp", "tp", "pp", "cp", "recompute", *_FLAT})  # what `Plan.replace` takes by name
+PLAN_FLAGS = frozenset({"dp", "tp", "pp", "cp", "ep", "recompute", *_FLAT})  # what `Plan.replace` takes by name
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class Plan:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1                        # experts spread over ep of the dp ranks (divides dp)
     data: DataOptions = field(default_factory=DataOptions)
     tensor: TensorOptions = field(default_factory=TensorOptions)
     pipeline: PipelineOptions = field(default_factory=PipelineOptions)
@@ -153,6 +155,10 @@ class Plan:
                              f"sequence_parallel={self.tensor.sequence_parallel}, recompute={self.recompute!r} or "
                              f"data kind {self.data.kind!r} (it must reduce after the backward: 'ddp' "
                              f"or 'zero1'); use those with cp=1")
+        if self.ep > 1 and (self.tp > 1 or self.pp > 1 or self.cp > 1 or kind.shards_optimizer):
+            raise ValueError(f"Plan: ep={self.ep} composes with dp and a DDP kind, not yet with tp={self.tp}, "
+                             f"pp={self.pp}, cp={self.cp} or data kind {self.data.kind!r} (the experts' gradients "
+                             f"are reduced over their own group, outside the kind's buffers); use ep=1 with those")
         if self.pp > 1 and not kind.microbatched:
             raise ValueError(f"Plan: data kind {self.data.kind!r} with pp={self.pp}: it reduces each "
                              f"gradient as backward produces it, once per microbatch; use 'ddp' or 'zero1' "
@@ -165,8 +171,8 @@ class Plan:
                                  f"{stages} counts")
 
     def topology(self) -> Topology:
-        return Topology(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, dp_replicate=self.data.replicate,
-                        order=self.order)
+        return Topology(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep,
+                        dp_replicate=self.data.replicate, order=self.order)
 
     def check(self, recipe, world_size: int | None = None) -> None:
         """Every check that needs no engine: the plan against the recipe and the cluster."""
@@ -182,6 +188,14 @@ class Plan:
         if self.dp > 1 and DATA_PARALLEL[self.data.kind].shards_optimizer and str(recipe.dtype) != "torch.float32":
             raise ValueError(f"Plan: data kind {self.data.kind!r} keeps fp32 flat buffers, but the recipe's "
                              f"dtype is {recipe.dtype}; use Recipe(dtype=torch.float32) or data='ddp'")
+        experts = getattr(recipe, "experts", None)
+        if self.ep > 1 and (experts is None or experts.num_experts % self.ep):
+            raise ValueError(f"Plan: ep={self.ep} spreads the experts over {self.ep} ranks, but the recipe has "
+                             + ("no experts; use Recipe(..., experts=MoESpec(...))" if experts is None else
+                                f"num_experts={experts.num_experts}; use an ep that divides it"))
+        if experts is not None and (self.tp > 1 or self.pp > 1 or self.cp > 1):
+            raise ValueError(f"Plan: a recipe with experts runs on dp and ep; tp={self.tp}, pp={self.pp}, "
+                             f"cp={self.cp} do not yet carry the experts' Switch loss; use them without experts")
         if (self.tp > 1 or self.pp > 1 or self.cp > 1) and not isinstance(recipe.model, GPTConfig):
             raise ValueError("Plan: tp, pp and cp split the GPT's blocks or its sequence; use a GPTConfig recipe")
         seq_len = recipe.seq_len or getattr(recipe.model, "block_size", 0)
@@ -200,6 +214,7 @@ class Plan:
 
     def __str__(self) -> str:
         degrees = " x ".join(f"{a}={getattr(self, a)}" for a in ("dp", "tp", "pp", "cp") if getattr(self, a) > 1)
+        degrees += f" (ep={self.ep})" if self.ep > 1 else ""
         extra = [self.data.kind + (f", HSDP {self.data.replicate} x {self.dp // self.data.replicate}"
                                    if self.data.replicate > 1 else "")] if self.dp > 1 else []
         if self.pp > 1:

@@ -31,6 +31,8 @@ from types import MappingProxyType
 import torch
 
 from pipelib.batches import check_data, global_batch
+from pipelib.expert_parallel.gpt import moe_gpt, moe_layers
+from pipelib.expert_parallel.layer import MoESpec
 from pipelib.model import GPT, MLP, GPTConfig, MLPConfig
 
 OPTIMIZERS = MappingProxyType({"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD})
@@ -44,9 +46,12 @@ def build_model(config, seed: int = 0):
 
 def loss_of(model, x, y):
     """The mean loss of `model` (or its wrapper) on (x, y): the GPT's own for token targets
-    (B, T), cross-entropy of the MLP's logits for class targets (B,)."""
+    (B, T), plus its MoE layers' Switch losses times their coefficient (`moe_loss`) when it has
+    experts; cross-entropy of the MLP's logits for class targets (B,)."""
     if y.dim() == 2:
-        return model(x, y)[1]
+        loss = model(x, y)[1]
+        layers = moe_layers(model) if isinstance(model, torch.nn.Module) else []
+        return loss + layers[0].spec.aux_coef * sum(m.last.routing.aux_loss for m in layers) if layers else loss
     logits = model(x)  # (B, classes): bf16 logits are compared in fp32, as mixed precision does
     return torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y)
 
@@ -82,6 +87,7 @@ class Recipe:
     seq_len: int | None = None   # tokens per row of a GPT batch (None: the model's block_size)
     data: str = "random"         # a key of pipelib.batches.DATA
     mixed_precision: bool = False  # bf16 compute, fp32 master weights in the optimizer (Adam)
+    experts: MoESpec | None = None  # a mixture of experts in place of the GPT's MLPs (chapter 16)
 
     def __post_init__(self):
         from pipelib.checks import check_int
@@ -101,6 +107,15 @@ class Recipe:
                              f"dtype=torch.float32 and optimizer='adam'")
         if not isinstance(self.model, (GPTConfig, MLPConfig)):
             raise ValueError(f"Recipe: model={self.model!r}; pass a pipelib.model.GPTConfig or MLPConfig")
+        if isinstance(self.experts, dict):  # from JSON
+            spec = dict(self.experts)
+            spec["layers"] = None if spec.get("layers") is None else tuple(spec["layers"])
+            object.__setattr__(self, "experts", MoESpec(**spec))
+        if self.experts is not None and (not isinstance(self.experts, MoESpec) or not isinstance(self.model, GPTConfig)
+                                         or self.mixed_precision):
+            raise ValueError(f"Recipe: experts={self.experts!r} with a {type(self.model).__name__} (mixed_precision="
+                             f"{self.mixed_precision}); experts are a MoESpec replacing a GPTConfig's MLPs, in the "
+                             f"recipe's dtype")
 
     def replace(self, **changes) -> Recipe:
         """The same recipe with `changes` (`dataclasses.replace`): `SMALL.replace(steps=1, batch_size=32)`."""
@@ -108,7 +123,10 @@ class Recipe:
 
     # ------------------------------------------------------------------ the pieces
     def build(self) -> torch.nn.Module:
-        """The whole model, the same on every rank (same seed) and in the reference."""
+        """The whole model, the same on every rank (same seed) and in the reference; with
+        `experts`, its MLPs replaced by MoE layers (`expert_parallel.gpt.moe_gpt`)."""
+        if self.experts is not None:
+            return moe_gpt(self, self.experts)
         return build_model(self.model, self.seed).to(self.dtype)
 
     @property
@@ -164,13 +182,24 @@ class Recipe:
         grads = {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
         return StepResult(loss=loss.detach(), grads=grads, stats={"logits": out[0].detach()} if keep_logits else {})
 
-    def reference(self, device=None):
+    def reference(self, device=None, *, shards: int = 1):
         """One process trains the whole batch for `steps` steps: a `StepResult` with the last
         loss, every step's loss, the last step's gradients and the parameters afterwards, on the
         CPU. `device` (e.g. "cuda:0") runs it there instead: a GPU run is checked against one
-        process on the same kind of GPU, whose kernels round as its ranks' do."""
+        process on the same kind of GPU, whose kernels round as its ranks' do. With `experts`,
+        routing (capacity, the Switch loss) is per data-parallel shard: `shards` (the plan's dp)
+        runs each step's dp shards one after the other, each loss divided by `shards`
+        (`expert_parallel.training.moe_reference`); a dense model needs no shards."""
         from pipelib.results import StepResult
         from pipelib.train import train_steps
+
+        if self.experts is not None:
+            from pipelib.expert_parallel.training import moe_reference
+
+            if device is not None:
+                raise ValueError("Recipe.reference: a recipe with experts runs its reference on the CPU; "
+                                 "leave device=None")
+            return moe_reference(self, self.experts, dp=shards)
 
         model = self.build().to(device or "cpu")
         batches = (tuple(t.to(device or "cpu") for t in self.global_batch(s)) for s in range(self.steps))
@@ -195,6 +224,9 @@ class Recipe:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["model"] = {"kind": kind, **dataclasses.asdict(self.model)}
         d["dtype"] = _dtype_key(self.dtype)
+        if self.experts is not None:
+            d["experts"] = {**dataclasses.asdict(self.experts),
+                            "layers": None if self.experts.layers is None else list(self.experts.layers)}
         return d
 
     @classmethod

@@ -90,6 +90,7 @@ def train_plan(recipe, plan, *, mesh=None, start: int = 0, stop: int | None = No
                     if hooks.update(step, par, opt):
                         with dev.compute("optimizer", nbytes=28 * numel):
                             opt.step()  # Adam reads p, g, m, v and writes p, m, v: 28 bytes per fp32 parameter
+                    par.after_step()
                     if isinstance(opt, torch.optim.Optimizer):  # ZeRO's counts its own shards
                         dev.memory.update_optimizer(opt)
                     opt.zero_grad(set_to_none=False)

@@ -62,7 +62,7 @@ ALLOWED = MappingProxyType({
     "pipelib/data_parallel/zero_precision.py::ring_sum_error": ({"randn"}, _FORMULA + " (bf16 rounding)"),
     "pipelib/context_parallel/partition.py::shard_pieces": ({"arange"}, _FORMULA + "; callers move positions"),
     "pipelib/context_parallel/partition.py::work_per_rank": ({"arange"}, _FORMULA),
-    "pipelib/runtime/mesh.py::Mesh.to_device_mesh": ({"arange"}, "the rank grid DeviceMesh takes as a CPU tensor"),
+    "pipelib/runtime/mesh.py::Mesh.to_device_mesh": ({"tensor"}, "the rank grid DeviceMesh takes as a CPU tensor"),
     "pipelib/checkpoint/pieces.py::Piece.indices": ({"arange"}, _FORMULA),
     "pipelib/checkpoint/pieces.py::check_covered": ({"zeros"}, _FORMULA),
     "pipelib/checkpoint/sharded.py::load_sharded": ({"zeros"}, _FILES),

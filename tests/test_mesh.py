@@ -109,7 +109,7 @@ def _derived():
                     ranks(first.grid_group()) if first.grid_group() is not None else None)
     odd = Mesh(Topology(dp=2), on=(1, 3))  # a grid on given ranks (run_ddp's ranks=[1, 3])
     out["on"] = (odd.contains and (ranks(odd["dp"]), axes[id(odd["dp"])], odd.ranks("dp"), odd.local_rank("dp")),
-                 ranks(odd.grid_group()))
+                 odd.grid_group() is not None and ranks(odd.grid_group()))
     try:
         Mesh(Topology(dp=2), on=(3, 1))
     except ValueError as e:
@@ -132,7 +132,7 @@ def test_derived_axes_made_once_reused_where_equal_and_tagged(cluster4):
     # tp-pp is the whole world here; cp-dp (and loss) one rank each: the rank's group of one
     assert all(o["extra"] == ((0, 1, 2, 3), "tp-pp", True, (r,)) for r, o in enumerate(out))
     # what embedding_group needs: the pair of pipeline stages 0 and 1 on ranks 0 and 1, and the grid's group
-    assert [o["first"] for o in out] == [((0, 1), (0, 1)), ((0, 1), (0, 1)), (None, (0, 1)), (None, (0, 1))]
-    assert [o["on"] for o in out] == [(False, (1, 3)), (((1, 3), "dp", (1, 3), 0), (1, 3)), (False, (1, 3)),
-                                      (((1, 3), "dp", (1, 3), 1), (1, 3))]
+    assert [o["first"] for o in out] == [((0, 1), (0, 1)), ((0, 1), (0, 1)), (None, None), (None, None)]
+    assert [o["on"] for o in out] == [(False, False), (((1, 3), "dp", (1, 3), 0), (1, 3)), (False, False),
+                                      (((1, 3), "dp", (1, 3), 1), (1, 3))]  # off the grid: no grid group
     assert all("on=(3, 1) must be 2 distinct ranks of the world (0..3), ascending" in o["bad on"] for o in out)

@@ -53,13 +53,13 @@ class AllReduceGrads:
     One all-reduce per parameter tensor: correct, and as slow as it gets: each pays the ring's
     2(N-1) latencies, and none starts before backward has finished."""
 
-    def __init__(self, module: torch.nn.Module, group=None, *, comm: str = "pipelib"):
+    def __init__(self, module: torch.nn.Module, group=None, *, comm: str = "pipelib", ignore=()):
         self.comm = check_comm(comm, type(self).__name__)
-        self.module, self.group = module, group
+        self.module, self.group, ignore = module, group, frozenset(ignore)  # reduced elsewhere (experts)
         self.n = dist.get_world_size(group)
         self.dev = current()
-        self.params = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-        check_same_parameters(module, group, comm=self.comm)  # equal replicas, frozen alike, one comm
+        self.params = [(name, p) for name, p in module.named_parameters() if p.requires_grad and name not in ignore]
+        check_same_parameters(module, group, ignore=ignore, comm=self.comm)  # equal replicas, frozen alike, one comm
         self.stream = CommStream(self.dev, group, comm)
 
     def __call__(self, *args, **kwargs):
@@ -97,10 +97,10 @@ class BucketedGrads(AllReduceGrads):
     size is left at the default, `FIRST_BUCKET_BYTES`)."""
 
     def __init__(self, module, group=None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 first_bucket_bytes: int | None = None, comm: str = "pipelib", comm_hook="allreduce"):
+                 first_bucket_bytes: int | None = None, comm: str = "pipelib", comm_hook="allreduce", ignore=()):
         check_bucket_bytes(bucket_bytes, type(self).__name__)  # before any message
         self.hook = comm_hook_of(comm_hook)
-        super().__init__(module, group, comm=comm)
+        super().__init__(module, group, comm=comm, ignore=ignore)
         self.bucket_bytes, self.first_bucket_bytes = bucket_bytes, first_bucket_bytes
         self.itemsize, self.by_name = max((p.element_size() for _, p in self.params), default=4), dict(self.params)
         self._plan([(n, p.numel()) for n, p in self.params], backward_order=False)
@@ -157,9 +157,9 @@ class OverlappedGrads(BucketedGrads):
 
     def __init__(self, module, group=None, *, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
                  first_bucket_bytes: int | None = None, comm: str = "pipelib", comm_hook="allreduce",
-                 find_unused_parameters: bool = False, rebuild_buckets: bool = False):
+                 find_unused_parameters: bool = False, rebuild_buckets: bool = False, ignore=()):
         super().__init__(module, group, bucket_bytes=bucket_bytes, first_bucket_bytes=first_bucket_bytes,
-                         comm=comm, comm_hook=comm_hook)
+                         comm=comm, comm_hook=comm_hook, ignore=ignore)
         self.find_unused_parameters, self.rebuild_buckets = bool(find_unused_parameters), bool(rebuild_buckets)
         self.arrivals, self.rebuilt = [], False  # names in the order the first backward's gradients came
         self.timer, self.sync, self.ready_order, self.launch_order = None, True, [], []

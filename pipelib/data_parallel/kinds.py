@@ -39,10 +39,10 @@ class DataParallelKind(NamedTuple):
 
 def _ddp(step: str):
     """A DDP step of chapter 07 (`steps.DDP_STEPS`) on the dp group, the plan's bucket size."""
-    def wrap(module, group, options, optimizer, replicate_group=None):
+    def wrap(module, group, options, optimizer, replicate_group=None, ignore=frozenset()):
         from pipelib.data_parallel.steps import DDP_STEPS
 
-        return DDP_STEPS[step].wrap(module, group, comm="pipelib", bucket_bytes=options.bucket_bytes)
+        return DDP_STEPS[step].wrap(module, group, comm="pipelib", bucket_bytes=options.bucket_bytes, ignore=ignore)
     return wrap
 
 
@@ -108,14 +108,18 @@ class Owned:
             r.zero_grad()
 
 
-def apply_data_parallel(modules, group, options, optimizer: Callable, names: dict, replicate_group=None) -> Applied:
+def apply_data_parallel(modules, group, options, optimizer: Callable, names: dict, replicate_group=None,
+                        ignore=frozenset()) -> Applied:
     """Wrap each of `modules` (the model, or this rank's pipeline stages) with the data-parallel
     kind of `options` (a plan's `DataOptions`) over `group`; `names` maps id(parameter) to its
     monolith name (for ZeRO's gathered shards). The record's `after_backward(module)` reduces
     that module's gradients. HSDP: `group` is the shard group and `replicate_group` the ranks
-    holding the same shard (a sharding kind only)."""
+    holding the same shard (a sharding kind only). `ignore`: monolith names of parameters another
+    strategy reduces over its own group (experts over edp; DDP kinds only)."""
     info = DATA_PARALLEL[options.kind]
     extra = {} if replicate_group is None else {"replicate_group": replicate_group}
+    if ignore:
+        extra["ignore"] = frozenset(ignore)
     reducers = {id(m): info.wrap(m, group, options, optimizer, **extra) for m in modules}
     first = reducers[id(modules[0])]
 

@@ -66,7 +66,7 @@ def _flat_bytes(params, device) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     return (torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8, device=device)), spans
 
 
-def check_same_parameters(module: torch.nn.Module, group=None, **settings) -> int:
+def check_same_parameters(module: torch.nn.Module, group=None, *, ignore=frozenset(), **settings) -> int:
     """Raise a ValueError on every rank of `group` unless all ranks hold bit-for-bit the same
     parameters as group rank 0; return the number of parameter elements checked.
 
@@ -75,9 +75,10 @@ def check_same_parameters(module: torch.nn.Module, group=None, **settings) -> in
     with `broadcast_parameters(module, group)` before wrapping. Runs on every rank of the group
     (a collective); costs one broadcast of the parameters' bytes, before any training. The
     keyword `settings` (a wrapper's arguments, e.g. comm="gloo") must be equal on every rank too:
-    else `pipelib.comm.agreement.ArgumentMismatchError` names each rank's value."""
+    else `pipelib.comm.agreement.ArgumentMismatchError` names each rank's value. `ignore`: names
+    of parameters each rank holds its own of (experts split over ep), left out of the check."""
     n, me, glob = _group_facts(group, "check_same_parameters")
-    params = list(module.named_parameters())
+    params = [(name, p) for name, p in module.named_parameters() if name not in ignore]
     if n == 1:
         return sum(p.numel() for _, p in params)
     device = current().torch_device  # where the backend's collectives run: the GPU under NCCL

@@ -60,8 +60,9 @@ class TorchDDP:
 
 
 def _ours(cls, bucketed: bool = True, **options):
-    def wrap(model, group, *, comm="pipelib", bucket_bytes=ddp.DEFAULT_BUCKET_BYTES):
-        return cls(model, group, comm=comm, **({"bucket_bytes": bucket_bytes, **options} if bucketed else {}))
+    def wrap(model, group, *, comm="pipelib", bucket_bytes=ddp.DEFAULT_BUCKET_BYTES, ignore=frozenset()):
+        return cls(model, group, comm=comm, ignore=ignore,
+                   **({"bucket_bytes": bucket_bytes, **options} if bucketed else {}))
     return wrap
 
 

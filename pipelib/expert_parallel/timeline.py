@@ -101,7 +101,8 @@ def _timed_moe_pass(recipe, spec, dp: int, ep: int, profile, *, backward: bool) 
     if not mesh.contains:
         return None
     dev = current()
-    model = apply_expert_parallel(to_rank_device(moe_gpt(recipe, spec)), mesh["ep"])
+    model = to_rank_device(moe_gpt(recipe, spec))
+    apply_expert_parallel(model, mesh["ep"])
     x, y = to_rank_device(recipe.batch(0, mesh.local_rank("dp"), dp))
     handles = time_modules(model, dev, backward=backward)
     try:

@@ -87,7 +87,8 @@ def train_expert_parallel(recipe, spec, dp: int, ep: int, *, builtin: bool = Fal
     if not mesh.contains:
         return None
     edp = _edp(mesh)
-    model = apply_expert_parallel(to_rank_device(moe_gpt(recipe, spec)), mesh["ep"], builtin=builtin)
+    model = to_rank_device(moe_gpt(recipe, spec))
+    apply_expert_parallel(model, mesh["ep"], builtin=builtin)
     opt = recipe.make_optimizer(model.parameters())
     named = list(model.named_parameters())
     replicated = [p for k, p in named if not is_expert_param(k)]

@@ -80,12 +80,14 @@ class Mesh:
         return tuple(self.grid_ranks[r] for r in ranks)
 
     def _make_axis(self, axis: str) -> None:
-        """Make `axis`'s groups, unless they are one rank each or those of an axis made already
-        (then this rank's group of that axis serves)."""
+        """Make `axis`'s groups, unless they are one rank each or, for a derived axis, those of an
+        axis made already (then this rank's group of that axis serves)."""
         if axis in self._lists or self.topology.size(axis) == 1:
             return
         groups = self.topology.groups(axis)
-        same = next((a for a, g in self._lists.items() if g == groups), None)
+        # a derived axis reuses an equal axis's groups; a used axis (ep = dp too) has its own, so
+        # the bytes it carries are counted on it (`Trace.bytes_sent(axis="ep")`)
+        same = None if axis in self.topology.used else next((a for a, g in self._lists.items() if g == groups), None)
         self._lists[axis] = groups
         if same is not None:
             if same in self._groups:
@@ -169,8 +171,9 @@ class Mesh:
 
     def grid_group(self):
         """The group of the grid's ranks (`grid_ranks`), made by the mesh on every rank of the
-        world, untagged; None when the grid is the whole world (the default group)."""
-        return self._grid
+        world, untagged; None when the grid is the whole world (the default group) and on a rank
+        off the grid (it is no member: torch's non-member placeholder is no group to use)."""
+        return self._grid if self.contains else None
 
     def to_device_mesh(self, device_type: str | None = None):
         """torch's `DeviceMesh` over this mesh's used axes and the same process groups (the

@@ -39,7 +39,8 @@ def _moe_steps(recipe, spec, mesh, edp, steps):
     from pipelib.expert_parallel.training import sync_grads
 
     dp = mesh.size("dp")
-    model = apply_expert_parallel(moe_gpt(recipe, spec), mesh["ep"])
+    model = moe_gpt(recipe, spec)
+    apply_expert_parallel(model, mesh["ep"])
     opt = recipe.make_optimizer(model.parameters())
     named = list(model.named_parameters())
     for step in range(steps):
