@@ -31,7 +31,7 @@ from types import MappingProxyType
 import torch
 
 from pipelib.batches import check_data, global_batch
-from pipelib.expert_parallel.gpt import moe_gpt, moe_layers
+from pipelib.expert_parallel.gpt import moe_gpt, moe_layers, moe_loss
 from pipelib.expert_parallel.layer import MoESpec
 from pipelib.model import GPT, MLP, GPTConfig, MLPConfig
 
@@ -49,9 +49,7 @@ def loss_of(model, x, y):
     (B, T), plus its MoE layers' Switch losses times their coefficient (`moe_loss`) when it has
     experts; cross-entropy of the MLP's logits for class targets (B,)."""
     if y.dim() == 2:
-        loss = model(x, y)[1]
-        layers = moe_layers(model) if isinstance(model, torch.nn.Module) else []
-        return loss + layers[0].spec.aux_coef * sum(m.last.routing.aux_loss for m in layers) if layers else loss
+        return moe_loss(model, x, y) if isinstance(model, torch.nn.Module) and moe_layers(model) else model(x, y)[1]
     logits = model(x)  # (B, classes): bf16 logits are compared in fp32, as mixed precision does
     return torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y)
 

@@ -76,20 +76,27 @@ def apply_expert_parallel(model, group, expert_data_group=None, data_group=None,
 
 
 def _sync_experts(module, group, dp: int) -> None:
-    """The expert gradients of `module` summed over `group` (one flat all-reduce), then / dp."""
-    grads = [p.grad for n, p in module.named_parameters() if is_expert_param(n) and p.grad is not None]
-    if not grads:
+    """`sync_grads` of `module`'s expert parameters over `group` (none when it is one rank)."""
+    single = group is None or torch.distributed.get_world_size(group) == 1
+    sync_grads([p for n, p in module.named_parameters() if is_expert_param(n)], None if single else group, dp,
+               "expert dp grads")
+
+
+def sync_grads(params, group, dp: int, label: str) -> None:
+    """Sum the gradients of `params` over `group` (one flat all-reduce) and divide by dp."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
         return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    if group is not None and torch.distributed.get_world_size(group) > 1:
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    if group is not None:
         from pipelib.comm.registry import collective_info
 
-        collective_info("all_reduce").run(flat, group, label="expert dp grads")
+        collective_info("all_reduce").run(flat, group, label=label)
     flat /= dp
     offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
 
 
 def moe_loss(model, x, y) -> torch.Tensor:

@@ -148,7 +148,7 @@ def moe_pipeline_step(schedule, p: int, m: int, spec: MoESpec, sizes: PipeSizes 
     rank's stages' under `moe_pipeline_reference`'s names; `profile` replaces the device's
     inside the step."""
     from pipelib.comm.registry import collective_info
-    from pipelib.expert_parallel.training import sync_grads
+    from pipelib.expert_parallel.gpt import sync_grads
     from pipelib.pipeline.executor import execute
     from pipelib.pipeline.stage import Stage
     from pipelib.pipeline.schedules import resolve_schedule

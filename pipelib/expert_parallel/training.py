@@ -35,6 +35,7 @@ from pipelib.expert_parallel.gpt import (
     moe_gpt,
     moe_layers,
     moe_loss,
+    sync_grads,
     update_balance_bias,
 )
 from pipelib.results import StepResult
@@ -54,21 +55,6 @@ def _edp(mesh):
     """`mesh["edp"]`, None where there is nothing to sum (ep = dp) or no group (off the grid)."""
     topology = mesh.topology
     return None if topology.ep == topology.dp or not mesh.contains else mesh["edp"]
-
-
-def sync_grads(params, group, dp: int, label: str) -> None:
-    """Sum the gradients of `params` over `group` (one flat all-reduce) and divide by dp."""
-    params = [p for p in params if p.grad is not None]
-    if not params:
-        return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    if group is not None:
-        collective_info("all_reduce").run(flat, group, label=label)
-    flat /= dp
-    offset = 0
-    for p in params:
-        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
 
 
 def _grads(model) -> dict:

@@ -35,8 +35,7 @@ def _recipe(steps=3):
 
 def _moe_steps(recipe, spec, mesh, edp, steps):
     """`steps` steps of the MoE GPT over the mesh's dp x ep (expert_parallel.training's step)."""
-    from pipelib.expert_parallel.gpt import apply_expert_parallel, is_expert_param, moe_gpt, moe_loss
-    from pipelib.expert_parallel.training import sync_grads
+    from pipelib.expert_parallel.gpt import apply_expert_parallel, is_expert_param, moe_gpt, moe_loss, sync_grads
 
     dp = mesh.size("dp")
     model = moe_gpt(recipe, spec)
